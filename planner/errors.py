@@ -1,0 +1,51 @@
+"""Typed errors. Library code raises these; only the CLI turns them into exit codes and text.
+
+`InputError` (exit 2): the user asked for something invalid; `flag` names what to change and the
+message says how. `NoFitError` (exit 1): the request is valid but no configuration fits; it carries
+the suggestions that would.
+"""
+
+from __future__ import annotations
+
+
+class TrainplanError(Exception):
+    """Base of every error trainplan raises on purpose."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, flag: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.flag = flag
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.flag}: {self.message}" if self.flag else self.message
+        return f"{text}\n{self.hint}" if self.hint else text
+
+
+class InputError(TrainplanError):
+    """Bad input: a flag or argument with a value we cannot use."""
+
+
+class ModelNotFoundError(InputError):
+    """The model source could not be resolved offline (or online)."""
+
+
+class UnknownGPUError(InputError):
+    """A GPU name that is not in the catalog, or matches several entries."""
+
+
+class NoFitError(TrainplanError):
+    """No configuration fits the hardware; `suggestions` say what would."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, suggestions: list[str] | None = None, plan=None):
+        super().__init__(message)
+        self.suggestions = suggestions or []
+        self.plan = plan  # the (rejected) Plan, so renderers can show every candidate and why it failed
+
+    def __str__(self) -> str:
+        lines = [self.message] + [f"  - {s}" for s in self.suggestions]
+        return "\n".join(lines)

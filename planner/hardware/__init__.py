@@ -1,0 +1,151 @@
+"""GPU catalog (data in gpus.json, one `source` per entry) and detection through pynvml.
+
+Names are `MODEL-MEMORYGB` (`A100-80GB`); lookup is case-insensitive and also accepts the names
+NVML reports (`NVIDIA A100-SXM4-80GB`). Unknown or ambiguous names raise `UnknownGPUError` listing
+the candidates: never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import UnknownGPUError
+
+#: The GPU we plan for when none is detected and none is named. Said so in the output.
+REFERENCE_GPU = "A100-80GB"
+
+
+class GPU(BaseModel):
+    """One catalog entry. TFLOPS are dense peaks; bandwidths are GB/s (1e9 B/s) per direction."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    vendor: str
+    memory_bytes: int = Field(gt=0)
+    compute_capability: str
+    bf16: bool
+    fp8: bool = False
+    peak_tflops_fp32: float
+    peak_tflops_tf32: float | None = None
+    peak_tflops_fp16: float
+    peak_tflops_bf16: float | None = None
+    peak_tflops_fp8: float | None = None
+    hbm_bandwidth_GBps: float
+    intra_node_link: str
+    intra_node_bandwidth_GBps: float
+    host_link: str = "PCIe4"
+    host_bandwidth_GBps: float = 32.0
+    tdp_watts: float | None = None
+    source: str
+    sources: tuple[str, ...] = ()
+    notes: str = ""
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / 2**30
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense tensor-core peak for the precision the matmuls run in.
+
+        fp32 training uses the plain FP32 pipes (TF32 is off by default in torch since 1.12).
+        """
+        if precision in ("bf16-mixed", "bf16-true"):
+            if not self.bf16 or self.peak_tflops_bf16 is None:
+                raise ValueError(f"{self.name} has no bf16 support")
+            return self.peak_tflops_bf16
+        if precision == "fp16-mixed":
+            return self.peak_tflops_fp16
+        if precision == "fp32":
+            return self.peak_tflops_fp32
+        raise ValueError(f"unknown precision {precision!r}")
+
+
+class DetectedGPUs(BaseModel):
+    """What pynvml saw on this machine."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: GPU
+    count: int
+    nvml_name: str
+    free_bytes: tuple[int, ...]
+
+
+@lru_cache(maxsize=1)
+def catalog() -> tuple[GPU, ...]:
+    data = json.loads(resources.files("planner.hardware").joinpath("gpus.json").read_text())
+    return tuple(GPU.model_validate(entry) for entry in data["gpus"])
+
+
+def known_names() -> list[str]:
+    return [g.name for g in catalog()]
+
+
+def _norm(name: str) -> str:
+    """Lower-case, drop vendor words and punctuation: 'NVIDIA A100-SXM4-80GB' -> 'a100sxm480gb'."""
+    text = name.lower()
+    for word in ("nvidia", "tesla", "geforce", "amd", "instinct", "radeon"):
+        text = text.replace(word, "")
+    return re.sub(r"[^a-z0-9]", "", text)
+
+
+def lookup_gpu(name: str) -> GPU:
+    """The catalog entry for a catalog name, alias or NVML name. Raises UnknownGPUError."""
+    if not name or not name.strip():
+        raise UnknownGPUError("empty GPU name", flag="--gpu", hint=f"Known GPUs: {', '.join(known_names())}")
+    key = _norm(name)
+    exact = [g for g in catalog() if key in {_norm(g.name), *(_norm(a) for a in g.aliases)}]
+    if len(exact) == 1:
+        return exact[0]
+    partial = exact or [g for g in catalog() if any(key in _norm(n) for n in (g.name, *g.aliases))]
+    if len(partial) == 1:
+        return partial[0]
+    if partial:
+        raise UnknownGPUError(
+            f"{name!r} is ambiguous", flag="--gpu",
+            hint=f"It matches: {', '.join(g.name for g in partial)}. Pass one of those.",
+        )
+    raise UnknownGPUError(
+        f"unknown GPU {name!r}", flag="--gpu", hint=f"Known GPUs: {', '.join(known_names())}."
+    )
+
+
+def detect_gpus() -> DetectedGPUs | None:
+    """Local GPUs through NVML, or None when there is no driver / no GPU.
+
+    Mixed GPU models in one machine plan for the first one (the smallest memory would be safer,
+    but NVML orders them as CUDA does by default, and the launcher uses them all alike).
+    """
+    try:
+        import pynvml
+    except ImportError:  # nvidia-ml-py is a dependency; tolerate a broken install as "no GPU"
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return None
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        raw = pynvml.nvmlDeviceGetName(handles[0])
+        nvml_name = raw.decode() if isinstance(raw, bytes) else raw
+        free = tuple(int(pynvml.nvmlDeviceGetMemoryInfo(h).free) for h in handles)
+    finally:
+        pynvml.nvmlShutdown()
+    try:
+        gpu = lookup_gpu(nvml_name)
+    except UnknownGPUError as err:
+        raise UnknownGPUError(
+            f"detected GPU {nvml_name!r} is not in the catalog", flag="--gpu",
+            hint=f"Pass --gpu with the closest known one: {', '.join(known_names())}.",
+        ) from err
+    return DetectedGPUs(gpu=gpu, count=count, nvml_name=nvml_name, free_bytes=free)

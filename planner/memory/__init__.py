@@ -1,0 +1,1 @@
+"""Memory model: analytic model states, traced or analytic activations, GPU overheads."""

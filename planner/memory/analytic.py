@@ -1,0 +1,93 @@
+"""Activations by formula, for when tracing is impossible or too slow (the planner's many candidates).
+
+Per block, bytes per token, after Korthikanti et al. 2022 (arXiv 2205.05198, "sbh(34 + 5as/h)" for
+16-bit GPT blocks without tensor parallelism), extended the way HF model code actually saves tensors:
+
+* GQA: K and V are h·kv/a wide; HF's SDPA/eager paths `repeat_kv` them to full width before the kernel,
+  and those expanded copies are what attention saves.
+* SwiGLU/GeGLU: gate, up, act(gate) and their product are saved (4 tensors of f) against GELU's 2.
+* Under torch.autocast the residual stream, norm inputs and softmax stay fp32 (autocast's fp32 op
+  list); matmul inputs are saved as 16-bit casts. fp32 saves everything at 4 bytes; DeepSpeed's 16-bit
+  engine and bf16-true at 2.
+* Attention scores (5·a·s² per sequence in the paper) exist only for eager attention; SDPA flash /
+  memory-efficient kernels save the output and a log-sum-exp of a·s floats.
+* Dropout masks: 1 byte per element (torch bool) where the model applies dropout in training.
+* Logits and loss: HF upcasts logits to fp32 for the loss: T·V·(2 + 4 + 4) bytes (reference.md).
+* Full checkpointing keeps each block's input plus one block's activations during its recompute;
+  selective keeps the matmul and attention outputs and recomputes norms, activations and dropout.
+
+The trace (`trace.py`) is exact for what it runs; these formulas agree with it to the tolerance the
+tests pin (see tests/test_memory_analytic.py) and are the planner's fast path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.models.spec import ModelSpec
+
+MASK_BYTES = 1          # torch.bool dropout masks
+LSE_BYTES = 4           # flash/mem-efficient attention's fp32 log-sum-exp per (head, position)
+#: logits (16-bit, from the lm_head under autocast) + their fp32 upcast + log_softmax output (fp32)
+LOGITS_BYTES_MIXED = 2 + 4 + 4
+LOGITS_BYTES_FULL = 4 + 4
+
+
+@dataclass(frozen=True)
+class Widths:
+    """Bytes per element of what a block saves: matmul inputs, fp32-kept tensors, residual stream."""
+
+    matmul: int
+    kept: int
+    residual: int
+
+    @staticmethod
+    def of(precision: str) -> "Widths":
+        if precision == "fp32":
+            return Widths(4, 4, 4)
+        if precision in ("fp16-mixed", "bf16-mixed"):
+            return Widths(2, 4, 4)
+        return Widths(2, 2, 2)  # bf16-true, DeepSpeed's 16-bit model ("half-true")
+
+
+def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: str, checkpointing: str) -> float:
+    """Saved bytes per token for one block with no checkpointing, or with selective checkpointing."""
+    h, f, a = spec.hidden, spec.ffn, spec.heads
+    kv_full = h  # repeat_kv expands K and V to all heads before the kernel
+    norms = 2 * w.kept * h  # two norm inputs (fp32 under autocast)
+    qkv_in = w.matmul * h
+    q_k_v = w.matmul * (h + 2 * kv_full)
+    out_in = w.matmul * h
+    if attention == "eager":
+        scores = seq_len * a * (w.matmul + w.kept + w.matmul)  # scores, softmax (fp32), probs cast for @V
+        if spec.attention_dropout > 0:
+            scores += seq_len * a * (MASK_BYTES + w.matmul)
+        attn_kernel = scores
+    else:
+        attn_kernel = w.matmul * h + LSE_BYTES * a  # output + log-sum-exp
+    mlp_in = w.matmul * h
+    experts = spec.experts_per_token if spec.num_experts > 1 else 1
+    mlp_inner = (4 if spec.gated_mlp else 2) * w.matmul * f * experts
+    dropout = 2 * MASK_BYTES * h if spec.hidden_dropout > 0 else 0
+    if checkpointing == "selective":  # matmul and attention outputs only
+        return w.matmul * (3 * h + (3 * f if spec.gated_mlp else f) * experts) + (
+            attn_kernel if attention != "eager" else seq_len * a * w.matmul)
+    return norms + qkv_in + q_k_v + attn_kernel + out_in + mlp_in + mlp_inner + dropout
+
+
+def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, precision: str, attention: str,
+                     checkpointing: str, autocast_copies: bool) -> dict[str, int]:
+    """Named activation terms (bytes) for one micro-batch of the whole model."""
+    w = Widths.of(precision)
+    tokens = micro_batch * seq_len
+    per_block = block_bytes_per_token(spec, w, seq_len, attention, checkpointing)
+    if checkpointing == "full":
+        blocks = spec.layers * w.residual * spec.hidden * tokens + per_block * tokens
+    else:
+        blocks = spec.layers * per_block * tokens
+    vocab_out = spec.vocab if spec.architecture.endswith(("LM", "LMHeadModel", "Generation", "PreTraining")) else 0
+    logits = tokens * vocab_out * (LOGITS_BYTES_MIXED if precision in ("fp16-mixed", "bf16-mixed") else LOGITS_BYTES_FULL)
+    embeddings = w.residual * spec.hidden * tokens
+    copies = 2 * (spec.parameters - spec.embedding_parameters) if autocast_copies else 0
+    return {"blocks": int(blocks), "logits_and_loss": int(logits), "embeddings": int(embeddings),
+            "autocast_weight_copies": int(copies)}

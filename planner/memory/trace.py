@@ -1,0 +1,176 @@
+"""Activations by tracing the real model's training step under FakeTensorMode on the CPU.
+
+Nothing is allocated: every tensor is fake, yet the live-storage accounting of `LiveStorageTracker`
+matches a real step. A trace runs one forward+backward with the gradients already allocated (as for
+every micro-batch after the first of an accumulation cycle) and the optimizer states present, and
+measures the peak above those model states: the activations, in the broad sense of everything the
+step allocates and frees (saved tensors, autocast weight copies, logits, the loss's scratch).
+
+Models are traced at two depths and two micro-batches and fitted per block and per sample
+(`TraceFit`); the model states themselves are always computed exactly by `states.py` from the full
+parameter count. Results are cached in memory and on disk (JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+#: Block counts traced for the per-block slope. From 3 blocks on, the moment of the peak (end of the
+#: forward, or the loss's backward) no longer moves with depth, so the slope holds for any depth; 2 and 4
+#: for models whose blocks alternate (Gemma-2's sliding/global layers), so one step spans both kinds.
+TRACED_LAYERS = (3, 4)
+TRACED_LAYERS_ALTERNATING = (2, 4)
+#: Micro-batches traced for the per-sample slope.
+TRACED_MICRO_BATCHES = (1, 2)
+CACHE_VERSION = 4
+
+
+@dataclass(frozen=True)
+class TraceFit:
+    """Activation bytes above the live model states as a function of blocks L and micro-batch b:
+
+        act(L, b) = fixed + per_sample * b + L * (block_fixed + block_per_sample * b)
+
+    `block_fixed` is autocast's cached 16-bit weight copies; `fixed` the embeddings' copies and loss
+    scratch; the per-sample terms are saved activations and logits. Measured at two block counts and two
+    micro-batches (four small traces), exact where the model is traced whole.
+    """
+
+    fixed: float
+    per_sample: float
+    block_fixed: float
+    block_per_sample: float
+    layers_traced: tuple[int, ...]
+
+    def activations(self, layers: int, micro_batch: int) -> int:
+        value = self.fixed + self.per_sample * micro_batch + layers * (self.block_fixed + self.block_per_sample * micro_batch)
+        return max(0, int(round(value)))
+
+    @staticmethod
+    def from_points(l1: int, l2: int, b1: int, b2: int, a11: int, a12: int, a21: int, a22: int) -> "TraceFit":
+        """a_ij = act(l_i, b_j); solves the four coefficients exactly."""
+        dl, db = l2 - l1, b2 - b1
+        block_per_sample = ((a22 - a21) - (a12 - a11)) / (dl * db)
+        per_sample_at_l1 = (a12 - a11) / db                # per_sample + l1 * block_per_sample
+        block_at_b1 = (a21 - a11) / dl                     # block_fixed + b1 * block_per_sample
+        block_fixed = block_at_b1 - b1 * block_per_sample
+        per_sample = per_sample_at_l1 - l1 * block_per_sample
+        fixed = a11 - per_sample * b1 - l1 * (block_fixed + block_per_sample * b1)
+        return TraceFit(fixed, per_sample, block_fixed, block_per_sample, (l1, l2))
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    micro_batch: int
+    seq_len: int
+    precision: str          # fp32 | fp16-mixed | bf16-mixed | bf16-true | half-true (DeepSpeed's 16-bit model)
+    optimizer: str
+    checkpointing: str
+    attention: str          # eager | sdpa
+    attention_dropout: bool  # False reproduces GPU flash/mem-efficient kernels (dropout inside the kernel)
+    foreach: bool           # torch's default is foreach on CUDA, a per-parameter loop on CPU
+
+
+_memory_cache: dict[str, int] = {}
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TRAINPLAN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "trainplan")
+    return Path(root).expanduser() / "traces"
+
+
+def _key(config_hash: str, layers: int, req: TraceRequest) -> str:
+    import torch
+    import transformers
+
+    text = json.dumps([CACHE_VERSION, config_hash, layers, asdict(req), torch.__version__, transformers.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def traced_layers(config, total_layers: int) -> tuple[int, int]:
+    kinds = getattr(config, "layer_types", None)
+    pair = TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else TRACED_LAYERS
+    return pair if total_layers > pair[1] else (total_layers, total_layers)
+
+
+def trace_activations(config, config_hash: str, total_layers: int, req: TraceRequest,
+                      trust_remote_code: bool = False) -> TraceFit:
+    """Fit of the activations over depth and micro-batch (`req.micro_batch` is ignored)."""
+    l1, l2 = traced_layers(config, total_layers)
+    b1, b2 = TRACED_MICRO_BATCHES
+    points = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b), trust_remote_code)
+              for layers in dict.fromkeys((l1, l2)) for b in (b1, b2)]
+    if l1 == l2:  # traced whole: only the micro-batch slope is fitted
+        per_sample = (points[1] - points[0]) / (b2 - b1)
+        return TraceFit(points[0] - per_sample * b1, per_sample, 0.0, 0.0, (l1,))
+    return TraceFit.from_points(l1, l2, b1, b2, *points)
+
+
+def _cached_trace(config, config_hash, layers, req, trust) -> int:
+    key = _key(config_hash, layers, req)
+    if key in _memory_cache:
+        return _memory_cache[key]
+    path = _cache_dir() / f"{key}.json"
+    try:
+        result = int(json.loads(path.read_text())["activations"])
+    except (OSError, ValueError, KeyError, TypeError):
+        result = run_trace(config, layers, req, trust)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"activations": result}))
+            tmp.replace(path)
+        except OSError:  # a read-only home is no reason to fail; we just trace again next time
+            pass
+    _memory_cache[key] = result
+    return result
+
+
+def _prepare_config(config, layers, req):
+    from planner.models.build import with_layers
+
+    cfg = with_layers(config, layers)
+    if not req.attention_dropout:
+        for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
+            if isinstance(getattr(cfg, name, None), (int, float)):
+                setattr(cfg, name, 0.0)
+    cfg._attn_implementation = "eager" if req.attention == "eager" else "sdpa"  # callers resolve support
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+    return cfg
+
+
+def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> int:
+    """Peak bytes above params + grads + optimizer states of one fwd+bwd with `layers` blocks."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
+    from planner.memory.tracker import LiveStorageTracker
+    from planner.models.build import build_meta
+
+    cfg = _prepare_config(config, layers, req)
+    dtype = torch.bfloat16 if req.precision in ("bf16-true", "half-true") else torch.float32
+    model = build_meta(cfg, trust_remote_code=trust, dtype=dtype)
+    tracker = LiveStorageTracker()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model.to_empty(device="cpu")
+        model.tie_weights()
+        model.train()
+        enable_checkpointing(model, req.checkpointing)
+        optimizer = make_optimizer(model, req.optimizer, foreach=req.foreach)
+        batch = make_batch(model, req.micro_batch, req.seq_len)
+        precision = "fp32" if req.precision in ("bf16-true", "half-true") else req.precision
+        with tracker:
+            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
+            for p in model.parameters():  # gradients and optimizer states, as mid-accumulation
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+            optimizer.step()
+            base = tracker.reset_peak()
+            micro_step(model, batch, precision)
+            return tracker.peak - base

@@ -1,0 +1,61 @@
+"""Live-storage accounting for one process: the peak of bytes held by live tensor storages.
+
+A TorchDispatchMode sees every op; after each op it drops storages that died since the last op and
+adds the op's new outputs. Views share their base's storage and are counted once. Under FakeTensorMode
+nothing is allocated, yet the accounting is the same as for a real CPU step (reference.md: 493.25 MiB
+both for a small GPT-2).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        # Storages live at the last reset (parameters, gradients, optimizer states): they outlive the
+        # step, so they are not swept op by op, which keeps the per-op cost to the step's own tensors.
+        self._pinned: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = 0
+        self.peak = 0
+
+    def track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self._live or key in self._pinned:
+            return
+        nbytes = storage.nbytes()
+        self._live[key] = (StorageWeakRef(storage), nbytes)
+        self.current += nbytes
+
+    def track_all(self, tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+
+    def sweep(self) -> None:
+        dead = [k for k, (ref, _) in self._live.items() if ref.expired()]
+        for key in dead:
+            self.current -= self._live.pop(key)[1]
+
+    def reset_peak(self) -> int:
+        """Drop dead storages and start a new peak from what is live now; returns that baseline."""
+        self._live.update(self._pinned)
+        self.sweep()
+        self._pinned, self._live = self._live, {}
+        self.peak = self.current
+        return self.current
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.sweep()
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        self.peak = max(self.peak, self.current)
+        return out

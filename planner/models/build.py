@@ -1,0 +1,201 @@
+"""Build a transformers model on the meta device from its config and read its exact sizes.
+
+`torch.device("meta")` rather than `accelerate.init_empty_weights()`: the latter breaks weight tying
+(bloom-560m counts 816,115,712 instead of 559,214,592).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+from planner.errors import InputError
+from planner.models.spec import ModelSpec
+
+# Auto classes tried, in order, when a config names no architecture.
+_FALLBACK_AUTO = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModel")
+
+
+def model_class(config, trust_remote_code: bool = False):
+    """The head class named by `config.architectures[0]` (or an Auto class for remote code)."""
+    import transformers
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    auto_map = getattr(config, "auto_map", None) or {}
+    if arch and hasattr(transformers, arch):
+        return getattr(transformers, arch)
+    if auto_map:
+        if not trust_remote_code:
+            raise InputError(
+                f"this model's code is not part of transformers (auto_map: {sorted(auto_map)})",
+                flag="--trust-remote-code",
+                hint="Pass --trust-remote-code to run the model's own code, if you trust its author.",
+            )
+        for auto_name in _FALLBACK_AUTO:
+            if auto_name in auto_map:
+                return _AutoFromConfig(getattr(transformers, auto_name))
+    for auto_name in _FALLBACK_AUTO:
+        auto = getattr(transformers, auto_name)
+        if type(config) in auto._model_mapping.keys():
+            return _AutoFromConfig(auto)
+    raise InputError(f"transformers has no model class for architecture {arch!r}", flag="--model",
+                     hint="Upgrade transformers, or pass --trust-remote-code for a model with its own code.")
+
+
+class _AutoFromConfig:
+    """Adapts an Auto class to the `cls._from_config(config, dtype=...)` call of concrete classes."""
+
+    def __init__(self, auto):
+        self.auto = auto
+        self.__name__ = auto.__name__
+
+    def _from_config(self, config, **kwargs):
+        return self.auto.from_config(config, trust_remote_code=True, **kwargs)
+
+
+def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = False, dtype=None):
+    """The model on the meta device: no memory, exact shapes. `layers` builds a truncated copy."""
+    import torch
+
+    cfg = with_layers(config, layers) if layers is not None else copy.deepcopy(config)
+    cls = model_class(cfg, trust_remote_code)
+    with torch.device("meta"):
+        model = cls._from_config(cfg, dtype=dtype or torch.float32)
+        _untie_t5_v11_head(model, cfg)
+    return model
+
+
+def _untie_t5_v11_head(model, config) -> None:
+    """T5 v1.1 / flan-t5 checkpoints have their own lm_head (tie_word_embeddings: false in config.json).
+
+    transformers 5 forces T5Config.tie_word_embeddings to True, remembers the original flag as
+    `scale_decoder_outputs`, and unties only while loading a checkpoint that holds a separate head. A model
+    built from the config alone would count flan-t5-base 24,674,304 parameters short; untie it here.
+    """
+    import torch
+
+    if getattr(config, "scale_decoder_outputs", True) is not False:
+        return
+    head, embed = getattr(model, "lm_head", None), model.get_input_embeddings()
+    if head is not None and embed is not None and head.weight is embed.weight:
+        head.weight = torch.nn.Parameter(torch.empty_like(embed.weight))
+
+
+def effective_attention(config, requested: str, trust_remote_code: bool = False) -> str:
+    """The attention kernel family the model will really use: models without SDPA support run eager."""
+    if requested == "eager":
+        return "eager"
+    cls = model_class(config, trust_remote_code)
+    target = getattr(cls, "auto", cls)
+    return requested if getattr(target, "_supports_sdpa", True) else "eager"
+
+
+def _layer_keys(config) -> list[str]:
+    if getattr(config, "is_encoder_decoder", False):
+        keys = [k for k in ("num_layers", "num_decoder_layers", "encoder_layers", "decoder_layers")
+                if isinstance(getattr(config, k, None), int)]
+        if keys:
+            return keys
+    return ["num_hidden_layers"]
+
+
+def num_layers(config) -> int:
+    keys = _layer_keys(config)
+    if keys == ["num_hidden_layers"]:
+        return int(config.num_hidden_layers)
+    return sum(int(getattr(config, k)) for k in keys)
+
+
+def with_layers(config, layers: int):
+    """A copy of `config` with `layers` blocks (per stack for seq2seq); per-layer lists truncated."""
+    cfg = copy.deepcopy(config)
+    old = {k: int(getattr(cfg, k)) for k in _layer_keys(cfg)}
+    for key in old:
+        setattr(cfg, key, layers)
+    for name, value in list(vars(cfg).items()):
+        if isinstance(value, list) and value and len(value) in old.values() and name != "architectures":
+            setattr(cfg, name, value[:layers])
+    return cfg
+
+
+def config_hash(config) -> str:
+    data = config.to_dict()
+    for volatile in ("transformers_version", "_name_or_path", "dtype", "torch_dtype"):
+        data.pop(volatile, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _first(config, *names, default=None):
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _kv_heads(config, heads: int) -> int:
+    if getattr(config, "num_key_value_heads", None):
+        return int(config.num_key_value_heads)
+    if getattr(config, "model_type", "") == "falcon":
+        if getattr(config, "new_decoder_architecture", False):
+            return int(config.num_kv_heads)
+        return 1 if getattr(config, "multi_query", False) else heads
+    return heads
+
+
+def _position(config) -> str:
+    if getattr(config, "alibi", False) or config.model_type in ("bloom", "mpt"):
+        return "alibi"
+    if config.model_type in ("t5", "mt5", "umt5", "longt5"):
+        return "relative"
+    if _first(config, "rope_theta", "rotary_dim", "rotary_pct", "rope_parameters", "rope_scaling") is not None:
+        return "rope"
+    return "learned"
+
+
+def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
+    """Counts from the (meta) module, shapes from the config."""
+    import torch
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    hidden = int(_first(text, "hidden_size", "d_model", "n_embd"))
+    heads = int(_first(text, "num_attention_heads", "n_head", "encoder_attention_heads"))
+    max_pos = _first(text, "max_position_embeddings", "n_positions", "n_ctx")
+    position = _position(text)
+    if position in ("alibi", "relative"):
+        max_pos = None
+    default_seq = int(_first(text, "seq_length", default=512 if position == "relative" else 2048))
+    seq_len = min(int(max_pos), default_seq) if max_pos else default_seq
+    embed = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    names = [n for n, _ in model.named_modules()]
+    gated = any(k in n for n in names for k in ("gate_proj", "wi_0", "gate_up_proj", ".w3", "fc1_g"))
+    if not gated:
+        gated = "glu" in str(_first(text, "feed_forward_proj", "ffn_type", default="")).lower()
+    bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return ModelSpec(
+        name=name, source=source,
+        architecture=type(model).__name__,
+        model_type=str(getattr(config, "model_type", "custom")),
+        parameters=total, trainable_parameters=trainable,
+        layers=num_layers(text), hidden=hidden, heads=heads, kv_heads=_kv_heads(text, heads),
+        ffn=int(_first(text, "intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "ffn_hidden_size",
+                       default=4 * hidden) or 4 * hidden),
+        vocab=int(_first(text, "vocab_size", default=0)),
+        tied_embeddings=bool(getattr(text, "tie_word_embeddings", True)),
+        max_positions=int(max_pos) if max_pos else None, seq_len=seq_len,
+        has_batchnorm=bn, is_encoder_decoder=bool(getattr(text, "is_encoder_decoder", False)),
+        gated_mlp=gated,
+        num_experts=int(_first(text, "num_local_experts", "num_experts", default=1) or 1),
+        experts_per_token=int(_first(text, "num_experts_per_tok", "top_k", default=1) or 1),
+        largest_layer_parameters=largest, embedding_parameters=embed,
+        attention_dropout=float(_first(text, "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob",
+                                       "dropout_rate", default=0.0) or 0.0),
+        hidden_dropout=float(_first(text, "hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate",
+                                    "dropout", default=0.0) or 0.0),
+        position=position, config_hash=config_hash(config),
+    )

@@ -1,0 +1,46 @@
+"""`ModelSpec`: the numbers about a model that memory and speed depend on, counted exactly."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ModelSpec(BaseModel):
+    """Exact counts come from the model built on the meta device; shapes from its config."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    source: str                 # folder | hf-cache | preset | hub | config | module
+    architecture: str           # the head class, e.g. LlamaForCausalLM
+    model_type: str
+    parameters: int             # exact, tied weights counted once
+    trainable_parameters: int
+    layers: int                 # transformer blocks (encoder + decoder for seq2seq)
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int                    # MLP inner size (per expert for MoE)
+    vocab: int
+    tied_embeddings: bool
+    max_positions: int | None   # None: no learned/rotary limit (ALiBi, relative)
+    seq_len: int                # default training sequence length
+    has_batchnorm: bool = False
+    is_encoder_decoder: bool = False
+    gated_mlp: bool = False     # SwiGLU/GeGLU: three FFN matrices
+    num_experts: int = 1
+    experts_per_token: int = 1
+    largest_layer_parameters: int = 0   # biggest single parameter tensor (ZeRO-3 gathers it whole)
+    embedding_parameters: int = 0
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    position: str = "learned"   # learned | rope | alibi | relative
+    config_hash: str = ""       # sha256 of the config's JSON, keys sorted (cache key)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def non_embedding_parameters(self) -> int:
+        return self.parameters - self.embedding_parameters
