@@ -117,8 +117,12 @@ def _adafactor_elements(resolved) -> int:
 
 
 def activation_precision(precision: str, zero_stage: int) -> str:
-    """DeepSpeed's fp16/bf16 engine runs a 16-bit model without autocast: activations as bf16-true."""
-    return "half-true" if zero_stage > 0 and precision in ("fp16-mixed", "bf16-mixed") else precision
+    """The trace family for a precision. DeepSpeed's fp16/bf16 engine runs a 16-bit model without
+    autocast: activations as bf16-true. fp16 and bf16 tensors have the same bytes, so fp16-mixed shares
+    bf16-mixed's trace."""
+    if zero_stage > 0 and precision in ("fp16-mixed", "bf16-mixed"):
+        return "half-true"
+    return "bf16-mixed" if precision == "fp16-mixed" else precision
 
 
 def activations(resolved, *, micro_batch, seq_len, precision, optimizer, checkpointing, zero_stage,

@@ -1,0 +1,61 @@
+"""Learning-rate scaling for a global batch other than the one the base LR was tuned at.
+
+Re-splitting a fixed global batch into micro-batch x N changes nothing about the optimum LR; only the
+ratio k = B / B_ref matters. Linear scaling for SGD (Goyal et al. 2017, arXiv 1706.02677, with warmup);
+square root for Adam-family optimizers (Malladi et al. 2022, arXiv 2205.10287; Hoffer et al. 2017).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.errors import InputError
+
+SCALINGS = ("auto", "sqrt", "linear", "none")
+#: Scale factors above this get a warmup suggestion (Goyal et al. used 5 epochs of warmup at k = 32).
+WARMUP_SUGGESTION_FACTOR = 4.0
+#: Warmup steps suggested: a fraction of a typical run, at least this many optimizer steps.
+WARMUP_STEPS_PER_FACTOR = 100
+
+_SGD_FAMILY = ("sgd", "sgd-momentum")
+
+
+@dataclass(frozen=True)
+class LRDecision:
+    learning_rate: float | None
+    base_lr: float | None
+    reference_batch: int
+    scaling: str          # the rule applied: sqrt | linear | none
+    factor: float
+    warmup_steps: int
+    notes: tuple[str, ...]
+
+
+def resolve_rule(scaling: str, optimizer: str) -> str:
+    if scaling not in SCALINGS:
+        raise InputError(f"unknown LR scaling {scaling!r}", flag="--lr-scaling", hint=f"Use one of {', '.join(SCALINGS)}.")
+    if scaling != "auto":
+        return scaling
+    return "linear" if optimizer in _SGD_FAMILY else "sqrt"
+
+
+def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, scaling: str, optimizer: str,
+             has_batchnorm: bool = False, micro_batch: int | None = None) -> LRDecision:
+    if base_lr is not None and (not math.isfinite(base_lr) or base_lr <= 0):
+        raise InputError("the learning rate must be a positive number", flag="--lr")
+    if reference_batch < 1:
+        raise InputError("the reference batch must be a positive integer", flag="--lr-batch")
+    rule = resolve_rule(scaling, optimizer)
+    k = global_batch / reference_batch
+    factor = {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]
+    notes = []
+    warmup = 0
+    if factor >= WARMUP_SUGGESTION_FACTOR:
+        warmup = int(WARMUP_STEPS_PER_FACTOR * factor)
+        notes.append(f"LR scaled x{factor:.1f}: warm up over ~{warmup} optimizer steps (Goyal et al. 2017).")
+    if has_batchnorm and micro_batch is not None:
+        notes.append(f"The model has BatchNorm: its statistics see only the micro-batch ({micro_batch}), "
+                     "not the global batch; consider SyncBatchNorm or a larger micro-batch.")
+    lr = base_lr * factor if base_lr is not None else None
+    return LRDecision(lr, base_lr, reference_batch, rule, factor, warmup, tuple(notes))

@@ -1,0 +1,144 @@
+"""Terminal views of a Plan (rich). Pure: they draw on the Console they are given."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+GiB = 2**30
+_PARTS = (("parameters", "params", "cyan"), ("gradients", "grads", "magenta"),
+          ("optimizer_states", "optim", "yellow"), ("activations", "activ", "green"), ("overhead", "other", "red"))
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def fmt_tokens(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def memory_bar(mem, card_bytes: int, budget: int, width: int = 50) -> Text:
+    """One line: each part's share of the card, then free space; '|' marks the budget."""
+    bar = Text()
+    used = 0
+    for field, label, color in _PARTS:
+        value = getattr(mem, field)
+        cells = int(round(width * value / card_bytes))
+        bar.append("█" * cells, style=color)
+        used += cells
+    budget_cell = int(round(width * budget / card_bytes))
+    rest = max(0, width - used)
+    free = "░" * rest
+    if used < budget_cell < width:
+        free = free[: budget_cell - used] + "|" + free[budget_cell - used + 1:]
+    bar.append(free, style="dim")
+    bar.append(f"  {gib(mem.peak)} / {gib(card_bytes)}")
+    return bar
+
+
+def legend(mem) -> Text:
+    text = Text()
+    for field, label, color in _PARTS:
+        text.append("■ ", style=color)
+        text.append(f"{label} {gib(getattr(mem, field))}   ")
+    return text
+
+
+def summary(plan) -> Panel:
+    m, h, c = plan.model, plan.hardware, plan.choice
+    cfg, tp = c.config, c.throughput
+    lines = [
+        f"[bold]{m['name']}[/]  {m['parameters'] / 1e9:.3g}B params, {m['layers']} layers, hidden {m['hidden']}, "
+        f"vocab {m['vocab']}, seq {plan.seq_len}",
+        f"[bold]{h.nodes} x {h.gpus_per_node} x {h.gpu}[/] ({gib(h.gpu_memory_bytes)} each"
+        f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom)",
+        "",
+        f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
+        f"{cfg.global_batch}[/]",
+        f"precision [bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], "
+        f"{'ZeRO-' + str(cfg.zero_stage) if cfg.zero_stage else 'no ZeRO'}, offload [bold]{cfg.offload}[/]",
+        f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
+        f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
+    ]
+    if plan.lr.learning_rate is not None:
+        lines.append(f"learning rate {plan.lr.learning_rate:.3g} = {plan.lr.base_lr:.3g} x {plan.lr.factor:.3g} "
+                     f"({plan.lr.scaling} scaling from batch {plan.lr.reference_batch})")
+    else:
+        lines.append(f"learning rate: scale your base LR by {plan.lr.factor:.3g} ({plan.lr.scaling} rule, "
+                     f"tuned at batch {plan.lr.reference_batch}; pass --lr to compute it)")
+    body = Group(Text.from_markup("\n".join(lines)), Text(""),
+                 memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
+    return Panel(body, title="trainplan", border_style="green")
+
+
+def alternatives(plan, limit: int = 5) -> Table:
+    table = Table(title="Top alternatives (why each lost)", title_justify="left", expand=False)
+    for col in ("config", "tokens/s", "peak", "why not chosen"):
+        table.add_column(col)
+    best = plan.choice.throughput.tokens_per_s
+    shown, seen = 0, {_family(plan.choice.config)}
+    for c in plan.candidates[1:]:
+        if not c.fits:
+            break
+        if _family(c.config) in seen:  # one row per kind of configuration, its best micro-batch
+            continue
+        seen.add(_family(c.config))
+        slower = 1 - c.throughput.tokens_per_s / best
+        why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more moving parts"
+        table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), gib(c.memory.peak), why)
+        shown += 1
+        if shown >= limit:
+            break
+    return table
+
+
+def rejected(plan, limit: int = 6) -> Table:
+    """The fastest configurations that did not fit, one per distinct reason kind."""
+    table = Table(title="Faster options rejected", title_justify="left", expand=False)
+    for col in ("config", "tokens/s", "reason"):
+        table.add_column(col)
+    best = plan.choice.throughput.tokens_per_s if plan.choice.fits else 0.0
+    rows = sorted((c for c in plan.candidates if not c.fits and c.throughput and c.throughput.tokens_per_s > best),
+                  key=lambda c: -c.throughput.tokens_per_s)
+    seen = set()
+    for c in rows:
+        if _family(c.config) in seen:
+            continue
+        seen.add(_family(c.config))
+        table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), c.reason)
+        if len(seen) >= limit:
+            break
+    return table
+
+
+def _family(cfg) -> tuple:
+    """fp16-mixed and bf16-mixed behave alike here; show one of them per configuration kind."""
+    precision = "mixed" if cfg.precision in ("bf16-mixed", "fp16-mixed") else cfg.precision
+    return precision, cfg.checkpointing, cfg.zero_stage, cfg.offload
+
+
+def render_plan(plan, console: Console) -> None:
+    console.print(summary(plan))
+    alt = alternatives(plan)
+    if alt.row_count:
+        console.print(alt)
+    rej = rejected(plan)
+    if rej.row_count:
+        console.print(rej)
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    for path in plan.files:
+        console.print(f"[dim]wrote[/] {path}")
+
+
+def render_no_fit(err, console: Console) -> None:
+    console.print(f"[bold red]No configuration fits.[/] {err.message}")
+    if err.plan is not None:
+        best = err.plan.candidates[0]
+        console.print(f"Closest: {best.config.label()} — {best.reason}")
+    console.print("[bold]What would fit:[/]")
+    for s in err.suggestions:
+        console.print(f"  • {s}")

@@ -1,0 +1,151 @@
+"""Candidate enumeration and choice.
+
+Every (micro_batch, N) with micro_batch x N x world_size == global batch, x precision x checkpointing x
+ZeRO stage x offload. Speed is modelled for all of them (cheap); memory is evaluated in order of modelled
+speed, so the traced activation fits are built only for the families (precision, checkpointing, engine)
+that could still win. Candidates the walk never reaches get analytic memory, marked as such.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner import throughput as tp
+from planner.hardware import GPU
+from planner.memory import states
+from planner.memory.estimate import MemoryEstimate, activations, combine
+from planner.types import Candidate, Config, ThroughputInfo
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    global_batch: int
+    world_size: int
+    gpus_per_node: int
+    precisions: tuple[str, ...]
+    checkpointing: tuple[str, ...]
+    zero_stages: tuple[int, ...]
+    allow_offload: bool
+    micro_batch: int | None = None
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def nearest_valid_batches(batch: int, world: int) -> tuple[int, int]:
+    low = (batch // world) * world
+    return (low if low > 0 else world), low + world
+
+
+def offloads_for(zero_stage: int, world_size: int, allow_offload: bool) -> list[str]:
+    if zero_stage == 0:
+        return ["none"]
+    options = ["none"] if world_size > 1 else []  # ZeRO without offload buys nothing on one GPU
+    if allow_offload:
+        options.append("optimizer")
+        if zero_stage == 3:
+            options.append("optimizer+params")
+    return options
+
+
+def enumerate_configs(space: SearchSpace) -> list[Config]:
+    per_gpu = space.global_batch // space.world_size
+    mbs = [space.micro_batch] if space.micro_batch else divisors(per_gpu)
+    out = []
+    for mb in mbs:
+        for precision in space.precisions:
+            for ckpt in space.checkpointing:
+                for zero in space.zero_stages:
+                    if precision == "bf16-true" and zero > 0:
+                        continue
+                    for off in offloads_for(zero, space.world_size, space.allow_offload):
+                        out.append(Config(micro_batch=mb, grad_accum=per_gpu // mb, world_size=space.world_size,
+                                          precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off))
+    return out
+
+
+def model_speed(resolved, gpu: GPU, cfg: Config, seq_len: int, gpus_per_node: int, attention: str) -> ThroughputInfo:
+    kernel = "eager" if attention == "eager" or not _supports_sdpa(resolved) else "sdpa"
+    t = tp.step_time(resolved.spec, gpu, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, seq_len=seq_len,
+                     precision=cfg.precision, checkpointing=cfg.checkpointing, zero_stage=cfg.zero_stage,
+                     offload=cfg.offload, world_size=cfg.world_size, gpus_per_node=gpus_per_node, attention=kernel)
+    return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
+                          step_time_s=t.step_time_s, parts=t.parts)
+
+
+def _supports_sdpa(resolved) -> bool:
+    from planner.models.build import effective_attention
+
+    return effective_attention(resolved.config, "sdpa", resolved.trust_remote_code) == "sdpa"
+
+
+class MemoryEvaluator:
+    """Memory of candidates; model states exact, activations from per-family fits (cached)."""
+
+    def __init__(self, resolved, *, seq_len, optimizer, attention, gpus_per_node, method, adafactor_elements=0):
+        self.resolved, self.seq_len, self.optimizer = resolved, seq_len, optimizer
+        self.attention, self.gpus_per_node, self.method = attention, gpus_per_node, method
+        self.adafactor_elements = adafactor_elements
+
+    def states(self, cfg: Config) -> states.ModelStates:
+        spec = self.resolved.spec
+        return states.model_states(
+            spec.parameters, spec.trainable_parameters, precision=cfg.precision, optimizer=self.optimizer,
+            zero_stage=cfg.zero_stage, offload=cfg.offload, world_size=cfg.world_size,
+            gpus_per_node=self.gpus_per_node, largest_layer=spec.largest_layer_parameters,
+            adafactor_elements=self.adafactor_elements)
+
+    def estimate(self, cfg: Config, method: str | None = None) -> MemoryEstimate:
+        act, used = activations(self.resolved, micro_batch=cfg.micro_batch, seq_len=self.seq_len,
+                                precision=cfg.precision, optimizer=self.optimizer, checkpointing=cfg.checkpointing,
+                                zero_stage=cfg.zero_stage, attention=self.attention, device="cuda",
+                                method=method or self.method)
+        return combine(self.resolved.spec, self.states(cfg), act, used, precision=cfg.precision,
+                       optimizer=self.optimizer, zero_stage=cfg.zero_stage, offload=cfg.offload,
+                       world_size=cfg.world_size, device="cuda", grad_accum=cfg.grad_accum)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def judge(cfg: Config, mem: MemoryEstimate, budget: int) -> tuple[bool, str]:
+    if mem.peak <= budget:
+        return True, f"fits: peak {_gib(mem.peak)} of {_gib(budget)} budget"
+    return False, f"OOM by {_gib(mem.peak - budget)}: peak {_gib(mem.peak)} > budget {_gib(budget)}"
+
+
+def rank_key(c: Candidate):
+    """Fastest first; within 1% of each other, fewer moving parts, then more headroom."""
+    speed = c.throughput.tokens_per_s if c.throughput else 0.0
+    bucket = math.floor(math.log(speed) / math.log(1.01)) if speed > 0 else -math.inf
+    return (-bucket, c.config.complexity(), c.memory.peak if c.memory else math.inf)
+
+
+def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
+           attention: str) -> list[Candidate]:
+    """All candidates, ranked: fitting ones by speed, then the rest; the first is the choice if it fits."""
+    configs = enumerate_configs(space)
+    speeds = {c: model_speed(resolved, gpu, c, evaluator.seq_len, space.gpus_per_node, attention) for c in configs}
+    order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
+    results: list[Candidate] = []
+    best_fit_speed = None
+    for cfg in order:
+        speed = speeds[cfg]
+        model_states_only = evaluator.states(cfg).total
+        if model_states_only > budget:
+            results.append(Candidate(config=cfg, memory=None, throughput=speed, fits=False,
+                                     reason=f"model states alone {_gib(model_states_only)} > budget {_gib(budget)}"))
+            continue
+        reached = best_fit_speed is None or speed.tokens_per_s >= best_fit_speed * 0.99
+        mem = evaluator.estimate(cfg, None if reached else "analytic")
+        fits, reason = judge(cfg, mem, budget)
+        if fits and best_fit_speed is None:
+            best_fit_speed = speed.tokens_per_s
+        results.append(Candidate(config=cfg, memory=mem, throughput=speed, fits=fits, reason=reason))
+    fitting = sorted((c for c in results if c.fits), key=rank_key)
+    rest = [c for c in results if not c.fits]
+    return fitting + rest

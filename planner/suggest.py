@@ -1,0 +1,78 @@
+"""What would fit when nothing does: more GPUs, a larger GPU, offload, a shorter sequence, 8-bit Adam.
+
+Each suggestion is computed with the same memory model, at the smallest micro-batch, with full
+checkpointing (the least memory any candidate can have), and says its numbers.
+"""
+
+from __future__ import annotations
+
+from planner import hardware as hw
+from planner.memory.estimate import combine
+from planner.types import Config
+
+_GIB = 2**30
+
+
+def _least_memory_config(world: int, precision: str, zero: int, offload: str) -> Config:
+    return Config(micro_batch=1, grad_accum=1, world_size=world, precision=precision, checkpointing="full",
+                  zero_stage=zero, offload=offload)
+
+
+def suggestions(plan, resolved, evaluator, gpu) -> list[str]:
+    hwinfo = plan.hardware
+    budget = hwinfo.budget_bytes
+    precision = plan.candidates[0].config.precision if plan.candidates else "fp32"
+    precision = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
+    world = hwinfo.gpus_per_node * hwinfo.nodes
+    out: list[str] = []
+    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"), "analytic")
+    out.append(f"The smallest configuration (micro-batch 1, full checkpointing, {precision}"
+               f"{', ZeRO-3' if world > 1 else ''}) needs {best.peak / _GIB:.1f} GiB per GPU; "
+               f"the budget is {budget / _GIB:.1f} GiB.")
+    for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        total = world * n
+        if total > 4096:
+            break
+        est = evaluator.estimate(_least_memory_config(total, precision, 3, "none"), "analytic")
+        if est.peak <= budget:
+            nodes = max(1, total // max(hwinfo.gpus_per_node, 1))
+            out.append(f"More GPUs: {total} x {gpu.name} ({nodes} node(s) of {hwinfo.gpus_per_node}) with ZeRO-3 "
+                       f"need {est.peak / _GIB:.1f} GiB per GPU (the global batch must divide by {total}).")
+            break
+    need = best.peak / (1 - hwinfo.headroom)
+    bigger = sorted((g for g in hw.catalog() if g.memory_bytes >= need and (g.bf16 or not precision.startswith("bf16"))),
+                    key=lambda g: g.memory_bytes)
+    if bigger:
+        out.append(f"A larger GPU: {bigger[0].name} ({bigger[0].memory_gib:.0f} GiB) holds the smallest "
+                   f"configuration ({best.peak / _GIB:.1f} GiB).")
+    off = evaluator.estimate(_least_memory_config(world, precision, 3, "optimizer+params"), "analytic")
+    if off.peak <= budget:
+        out.append(f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {off.peak / _GIB:.1f} GiB "
+                   f"per GPU and {off.cpu_offload_bytes / _GIB:.0f} GiB of host memory"
+                   f"{' (drop --no-offload)' if 'optimizer' not in _offloads(plan) else ''}.")
+    eight = _with_optimizer(evaluator, "adamw-8bit", world, precision)
+    if plan.optimizer != "adamw-8bit" and eight.peak <= budget:
+        out.append(f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
+                   f"peak {eight.peak / _GIB:.1f} GiB fits (--optimizer adamw-8bit).")
+    act = best.activations
+    if act > 0:
+        spare = budget - (best.peak - act)
+        if spare > 0:
+            s = int(plan.seq_len * spare / act) // 64 * 64
+            if 0 < s < plan.seq_len:
+                out.append(f"A shorter sequence: about {s} tokens fits at micro-batch 1 with full checkpointing "
+                           f"(--seq-len {s}).")
+    return out
+
+
+def _offloads(plan) -> set[str]:
+    return {c.config.offload for c in plan.candidates}
+
+
+def _with_optimizer(evaluator, optimizer, world, precision):
+    saved = evaluator.optimizer
+    evaluator.optimizer = optimizer
+    try:
+        return evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"), "analytic")
+    finally:
+        evaluator.optimizer = saved
