@@ -126,8 +126,11 @@ def activation_precision(precision: str, zero_stage: int) -> str:
 
 
 def activations(resolved, *, micro_batch, seq_len, precision, optimizer, checkpointing, zero_stage,
-                attention, device, method) -> tuple[int, str]:
-    """Activation bytes of one micro-batch and the method that produced them."""
+                attention, device, method, anchor: int | None = None) -> tuple[int, str]:
+    """Activation bytes of one micro-batch and the method that produced them.
+
+    Traced fits are exact at their anchor micro-batch (default: `micro_batch` itself); a search may anchor
+    at 1 to screen many micro-batches with one fit, which can only underestimate away from the anchor."""
     from planner.models.build import effective_attention
 
     spec = resolved.spec
@@ -136,14 +139,15 @@ def activations(resolved, *, micro_batch, seq_len, precision, optimizer, checkpo
     act_precision = activation_precision(precision, zero_stage)
     if method in ("auto", "trace") and resolved.config is not None:
         req = TraceRequest(
-            micro_batch=1, seq_len=seq_len, precision=act_precision, optimizer="sgd",
+            micro_batch=anchor or micro_batch, seq_len=seq_len, precision=act_precision, optimizer="sgd",
             checkpointing=checkpointing, attention=kernel,
             # GPU flash / mem-efficient kernels apply attention dropout inside the kernel and save no mask;
             # CPU SDPA with dropout falls back to the math path, which does (reference.md)
             attention_dropout=(device == "cpu" or kernel == "eager"), foreach=False,
         )
         try:
-            fit = trace_activations(resolved.config, spec.config_hash, spec.layers, req, resolved.trust_remote_code)
+            fit = trace_activations(resolved.config, spec.config_hash, spec.layers, req, resolved.trust_remote_code,
+                                    batch_slope=anchor is not None and anchor != micro_batch)
             return fit.activations(spec.layers, micro_batch), "trace"
         except Exception as err:  # noqa: BLE001 - any model code failure under fake tensors
             if method == "trace":

@@ -24,9 +24,10 @@ from pathlib import Path
 #: for models whose blocks alternate (Gemma-2's sliding/global layers), so one step spans both kinds.
 TRACED_LAYERS = (3, 4)
 TRACED_LAYERS_ALTERNATING = (2, 4)
-#: Micro-batches traced for the per-sample slope.
-TRACED_MICRO_BATCHES = (1, 2)
-CACHE_VERSION = 4
+#: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
+#: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
+#: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
+CACHE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,21 @@ def traced_layers(config, total_layers: int) -> tuple[int, int]:
 
 
 def trace_activations(config, config_hash: str, total_layers: int, req: TraceRequest,
-                      trust_remote_code: bool = False) -> TraceFit:
-    """Fit of the activations over depth and micro-batch (`req.micro_batch` is ignored)."""
+                      trust_remote_code: bool = False, batch_slope: bool = True) -> TraceFit:
+    """Fit of the activations over depth (and micro-batch), exact at `req.micro_batch` (the anchor).
+
+    Without `batch_slope` only the anchor micro-batch is traced (2 traces instead of 4) and the fit is
+    valid at that micro-batch alone."""
     l1, l2 = traced_layers(config, total_layers)
-    b1, b2 = TRACED_MICRO_BATCHES
+    b1 = req.micro_batch
+    if not batch_slope:
+        a1 = _cached_trace(config, config_hash, l1, req, trust_remote_code)
+        if l1 == l2:
+            return TraceFit(float(a1), 0.0, 0.0, 0.0, (l1,))
+        a2 = _cached_trace(config, config_hash, l2, req, trust_remote_code)
+        per_block = (a2 - a1) / (l2 - l1)
+        return TraceFit(a1 - l1 * per_block, 0.0, per_block, 0.0, (l1, l2))
+    b2 = b1 + 1
     points = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b), trust_remote_code)
               for layers in dict.fromkeys((l1, l2)) for b in (b1, b2)]
     if l1 == l2:  # traced whole: only the micro-batch slope is fitted
