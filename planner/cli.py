@@ -53,6 +53,15 @@ def main_command(
     memory_method: str = typer.Option("auto", "--memory-method", help="auto | trace | analytic"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own code (auto_map) to run."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write ds_config.json, accelerate_config.yaml, training_args.json, plan.json, launch.sh here."),
+    force: bool = typer.Option(False, "--force", help="Overwrite files --emit would replace."),
+    engine: str = typer.Option("deepspeed", "--engine", help="For ZeRO plans: deepspeed | fsdp (FULL_SHARD for ZeRO-3, SHARD_GRAD_OP for ZeRO-2)."),
+    main_process_ip: Optional[str] = typer.Option(None, "--main-process-ip", help="Multi-node: address of machine rank 0."),
+    main_process_port: int = typer.Option(29500, "--main-process-port", help="Multi-node: rendezvous port."),
+    machine_rank: int = typer.Option(0, "--machine-rank", help="Multi-node: this machine's rank."),
+    hostnames: Optional[str] = typer.Option(None, "--hostnames", help="Multi-node: comma-separated hosts for the DeepSpeed hostfile."),
+    launch: bool = typer.Option(False, "--launch", help="Run `accelerate launch` with the plan: plan ... --launch -- train.py ARGS"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="With --launch: print the command instead of running it."),
     list_models: bool = typer.Option(False, "--list-models", help="List the bundled model presets and exit."),
     list_gpus: bool = typer.Option(False, "--list-gpus", help="List the GPU catalog and exit."),
 ) -> None:
@@ -61,8 +70,9 @@ def main_command(
     if list_models or list_gpus:
         _listing(list_models, as_json)
         return
-    if ctx.args:
-        raise _fail(TrainplanError(f"unexpected arguments: {' '.join(ctx.args)}"))
+    if ctx.args and not launch:
+        raise _fail(TrainplanError(f"unexpected arguments: {' '.join(ctx.args)}",
+                                   hint="Arguments after -- are for the training script: add --launch."))
     from planner.errors import InputError
     from planner.request import build_request
 
@@ -77,12 +87,58 @@ def main_command(
             zero_stage=zero_stage, attention=attention, offload=not no_offload, headroom=headroom, lr=lr,
             lr_batch=lr_batch, lr_scaling=lr_scaling, memory_method=memory_method, trust_remote_code=trust_remote_code)
         result = _run_plan(request)
+        options = _emit_options(engine, main_process_ip, main_process_port, machine_rank, hostnames, force)
+        if launch and emit_dir is None:
+            import tempfile
+
+            emit_dir = Path(tempfile.mkdtemp(prefix="trainplan-"))
+        if emit_dir is not None:
+            from emit import emit
+
+            result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
+        command = _launch_command(emit_dir, ctx.args) if launch else None
     except NoFitError as err:
         _report_no_fit(err, as_json)
         raise typer.Exit(1)
     except TrainplanError as err:
         raise _fail(err)
     _print_plan(result, as_json)
+    if command is not None:
+        _launch(command, dry_run)
+
+
+def _emit_options(engine, ip, port, rank, hostnames, force):
+    from emit import EmitOptions
+    from planner.errors import InputError
+
+    if engine not in ("deepspeed", "fsdp"):
+        raise InputError(f"unknown engine {engine!r}", flag="--engine", hint="Use deepspeed or fsdp.")
+    if not 0 < port < 65536:
+        raise InputError(f"port {port} out of range", flag="--main-process-port")
+    if rank < 0:
+        raise InputError("must be >= 0", flag="--machine-rank")
+    hosts = tuple(h.strip() for h in hostnames.split(",") if h.strip()) if hostnames else ()
+    return EmitOptions(engine=engine, main_process_ip=ip, main_process_port=port, machine_rank=rank,
+                       hostnames=hosts, force=force)
+
+
+def _launch_command(folder: Path, script_args: list[str]) -> list[str]:
+    from emit import launch_command
+    from emit.files import ACCELERATE_CONFIG
+
+    return launch_command(folder.resolve() / ACCELERATE_CONFIG, list(script_args))
+
+
+def _launch(command: list[str], dry_run: bool) -> None:
+    import shlex
+
+    from emit import run_launch
+
+    if dry_run:
+        sys.stdout.write(shlex.join(command) + "\n")
+        return
+    _stderr().print(f"[bold]launching:[/] {shlex.join(command)}")
+    raise typer.Exit(run_launch(command))
 
 
 def _run_plan(request):
@@ -140,8 +196,20 @@ def _listing(models: bool, as_json: bool) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name=Path(sys.argv[0]).name or "plan")
+    """Console-script entry point. An unexpected error prints one line (TRAINPLAN_DEBUG=1 shows the
+    traceback) and exits 3, apart from the documented 0/1/2."""
+    try:
+        app(prog_name=Path(sys.argv[0]).name or "plan", standalone_mode=True)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except Exception as err:  # noqa: BLE001 - the last line of defence against tracebacks
+        if os.environ.get("TRAINPLAN_DEBUG"):
+            raise
+        _stderr().print(f"[bold red]internal error:[/] {type(err).__name__}: {err} "
+                        "(rerun with TRAINPLAN_DEBUG=1 for the traceback, and please report it)")
+        raise SystemExit(3)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def _model_json(spec, seq_len: int) -> dict:
     return {"name": spec.name, "parameters": spec.parameters, "trainable_parameters": spec.trainable_parameters,
             "layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads, "kv_heads": spec.kv_heads,
             "vocab": spec.vocab, "seq_len": seq_len, "architecture": spec.architecture, "source": spec.source,
-            "has_batchnorm": spec.has_batchnorm}
+            "has_batchnorm": spec.has_batchnorm, "layer_class": spec.layer_class}
 
 
 def _lr(choice, lr, lr_batch, lr_scaling, optimizer, spec, global_batch) -> tuple[LearningRate, tuple[str, ...]]:

@@ -198,4 +198,5 @@ def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
         hidden_dropout=float(_first(text, "hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate",
                                     "dropout", default=0.0) or 0.0),
         position=position, config_hash=config_hash(config),
+        layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
     )

@@ -35,6 +35,7 @@ class ModelSpec(BaseModel):
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     position: str = "learned"   # learned | rope | alibi | relative
+    layer_class: str = ""       # the repeated block's class (FSDP wraps it), from _no_split_modules
     config_hash: str = ""       # sha256 of the config's JSON, keys sorted (cache key)
 
     @property
