@@ -1,0 +1,113 @@
+"""GPU catalog data, name lookup (catalog names, aliases, NVML names) and detection."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import InputError, UnknownGPUError
+from planner.hardware import REFERENCE_GPU, catalog, detect_gpus, known_names, lookup_gpu
+
+NAMES = ["V100-16GB", "V100-32GB", "T4-16GB", "A10G-24GB", "L4-24GB", "L40S-48GB", "A100-40GB", "A100-80GB",
+         "H100-80GB", "H100-PCIe-80GB", "H200-141GB", "B200-192GB", "RTX3090-24GB", "RTX4090-24GB",
+         "MI250X-128GB", "MI300X-192GB"]
+GPUS = catalog()
+
+
+def test_catalog_names():
+    assert sorted(known_names()) == sorted(NAMES)
+    assert len(GPUS) == 16
+    assert REFERENCE_GPU in known_names()
+
+
+@pytest.mark.parametrize("gpu", GPUS, ids=[g.name for g in GPUS])
+def test_entry_is_sane(gpu):
+    assert gpu.memory_bytes > 0
+    assert gpu.source.startswith("http")
+    assert gpu.peak_tflops_fp16 > 0 and gpu.peak_tflops_fp32 > 0
+    assert gpu.hbm_bandwidth_GBps > 0
+    assert gpu.bf16 == (gpu.peak_tflops_bf16 is not None)
+    # the name's memory figure matches the memory within 10% (GB vs GiB, driver reserve)
+    stated_gb = int(gpu.name.rsplit("-", 1)[1].removesuffix("GB"))
+    assert 0.9 < gpu.memory_bytes / (stated_gb * 1e9) < 1.1
+    if gpu.vendor == "nvidia":
+        major, minor = (int(x) for x in gpu.compute_capability.split("."))
+        assert gpu.bf16 == ((major, minor) >= (8, 0))
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("a100-80gb", "A100-80GB"),
+    ("A100-80GB", "A100-80GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ("Tesla V100-SXM2-16GB", "V100-16GB"),
+    ("Tesla V100-SXM2-32GB", "V100-32GB"),
+    ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+    ("NVIDIA H100 PCIe", "H100-PCIe-80GB"),
+    ("Tesla T4", "T4-16GB"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090-24GB"),
+    ("AMD Instinct MI300X", "MI300X-192GB"),
+    ("  h200-141gb ", "H200-141GB"),
+])
+def test_lookup(name, expected):
+    assert lookup_gpu(name).name == expected
+
+
+@pytest.mark.parametrize("gpu", GPUS, ids=[g.name for g in GPUS])
+def test_every_name_and_alias_finds_its_entry(gpu):
+    for name in (gpu.name, *gpu.aliases):
+        assert lookup_gpu(name) == gpu, name
+
+
+def test_unknown_gpu_lists_known_names():
+    with pytest.raises(UnknownGPUError) as info:
+        lookup_gpu("Z100")
+    assert isinstance(info.value, InputError)
+    assert info.value.flag == "--gpu"
+    text = str(info.value)
+    assert "Z100" in text
+    for name in NAMES:
+        assert name in text
+
+
+@pytest.mark.parametrize("name", ["", "   "])
+def test_empty_gpu_name(name):
+    with pytest.raises(UnknownGPUError):
+        lookup_gpu(name)
+
+
+def test_ambiguous_gpu_lists_matches():
+    with pytest.raises(UnknownGPUError) as info:
+        lookup_gpu("A100")
+    text = str(info.value)
+    assert "ambiguous" in text
+    assert "A100-40GB" in text and "A100-80GB" in text
+    assert "H100-80GB" not in text
+
+
+def test_detect_gpus_without_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    assert detect_gpus() is None
+
+
+@pytest.mark.gpu
+def test_detect_gpus_with_gpu():
+    found = detect_gpus()
+    assert found is not None
+    assert found.count >= 1
+    assert len(found.free_bytes) == found.count
+    assert found.gpu.name in known_names()
+
+
+def test_peak_tflops():
+    a100 = lookup_gpu("A100-80GB")
+    assert a100.peak_tflops("bf16-mixed") == a100.peak_tflops("bf16-true") == a100.peak_tflops_bf16
+    assert a100.peak_tflops("fp16-mixed") == a100.peak_tflops_fp16
+    assert a100.peak_tflops("fp32") == a100.peak_tflops_fp32
+    t4 = lookup_gpu("T4-16GB")
+    with pytest.raises(ValueError):
+        t4.peak_tflops("bf16-mixed")
+    with pytest.raises(ValueError):
+        a100.peak_tflops("fp8")
