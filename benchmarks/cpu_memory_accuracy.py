@@ -48,6 +48,7 @@ CASES = [  # model, micro_batch, seq, precision, optimizer, checkpointing, grad_
     ("llama-4L", 4, 256, "fp32", "adamw", "none", 2),
     ("llama-4L", 4, 256, "bf16-true", "adamw", "none", 1),
     ("llama-4L", 4, 256, "bf16-mixed", "adamw", "full", 2),
+    ("llama-4L", 4, 256, "bf16-mixed", "adamw", "none", 2),
     ("llama-8L", 2, 512, "bf16-mixed", "adamw", "selective", 2),
     ("llama-8L", 4, 256, "fp32", "sgd-momentum", "full", 1),
     ("bloom-6L", 4, 256, "fp32", "adamw", "none", 2),

@@ -10,10 +10,9 @@ Two engines hold model states differently:
 * DeepSpeed (ZeRO 1-3). Mixed precision keeps 16-bit parameters and gradients plus an fp32 master copy
   and an fp32 gradient partition in the optimizer: "18 = 2 grads16 + 4 grads32 + 4 params32 + 8 optim32"
   (+2 params16) = 20 B/param before sharding, which is exactly DeepSpeed's estimator
-  (ZeRO-2 on one GPU: 4Ψ + 16Ψ/N; ZeRO-3: 4·largest_layer + 18Ψ/N). One difference: the estimator
-  keeps the full 16-bit gradients under ZeRO-2 on N > 1 GPUs, while the stage-2 engine frees the
-  gradients it does not own after each bucket's reduce (stage_1_and_2.py), so we shard them (2Ψ/N, as the
-  ZeRO paper does) and count the reduce buckets as overhead. At N = 1 both agree.
+  (ZeRO-2: 2Ψ + 18Ψ/N, the 16-bit gradients sharded too; ZeRO-3: 4·largest_layer + 18Ψ/N). ZeRO-1
+  keeps the full 16-bit gradients (2Ψ + 2Ψ + 16Ψ/N); it has no DeepSpeed estimator. Reduce buckets are
+  counted as overhead (estimate.py).
 """
 
 from __future__ import annotations
@@ -148,6 +147,7 @@ def _deepspeed_states(parameters, trainable, precision, optimizer, stage, offloa
         params = gathered + (0 if offload == "optimizer+params" else parameters * width // world)
         grads = 0 if offload_opt else (DS_Z3_GRAD_BYTES if mixed else FP32_BYTES) * trainable // world
         optim = 0 if offload_opt else optim_total // world
+        # host memory with zero.Init (zero3_init_flag, as we emit): 18 or 16 B/param over the nodes
         per_param_cpu = 18 if offload == "optimizer+params" else 16
-        cpu = parameters * max(4 * per_node, per_param_cpu / nodes) * DS_CPU_BUFFER_FACTOR if offload_opt else 0
+        cpu = parameters * per_param_cpu / nodes * DS_CPU_BUFFER_FACTOR if offload_opt else 0
     return ModelStates(parameters=int(params), gradients=int(grads), optimizer_states=int(optim), cpu_bytes=int(cpu))

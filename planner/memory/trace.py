@@ -13,6 +13,7 @@ parameter count. Results are cached in memory and on disk (JSON).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 5
+CACHE_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,47 @@ def _prepare_config(config, layers, req):
     return cfg
 
 
+@contextlib.contextmanager
+def _real_mask_decisions():
+    """Let transformers skip the attention mask under fake tensors as it does for real ones.
+
+    transformers decides whether SDPA may run with `is_causal` (no mask tensor) by reading the values of
+    the position ids (packed sequences?) and of the padding mask; under FakeTensorMode it cannot, so it
+    materialises a mask and SDPA saves more than a real step does (64 KiB per block in a tiny Llama). Our
+    batches are neither packed nor padded, so we give the checks the answers real values give.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # older transformers decide elsewhere
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    patched = {}
+    for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
+        original = getattr(masking_utils, name, None)
+        if original is None:
+            continue
+
+        def without_fake_padding(padding_mask, *args, _original=original, **kwargs):
+            return _original(None if isinstance(padding_mask, FakeTensor) else padding_mask, *args, **kwargs)
+
+        patched[name] = original
+        setattr(masking_utils, name, without_fake_padding)
+    packed = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if packed is not None:
+        def not_packed(position_ids, *args, _original=packed, **kwargs):
+            return None if isinstance(position_ids, FakeTensor) else _original(position_ids, *args, **kwargs)
+
+        patched["find_packed_sequence_indices"] = packed
+        masking_utils.find_packed_sequence_indices = not_packed
+    try:
+        yield
+    finally:
+        for name, original in patched.items():
+            setattr(masking_utils, name, original)
+
+
 def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> int:
     """Peak bytes above params + grads + optimizer states of one fwd+bwd with `layers` blocks."""
     import torch
@@ -169,7 +211,7 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> in
     dtype = torch.bfloat16 if req.precision in ("bf16-true", "half-true") else torch.float32
     model = build_meta(cfg, trust_remote_code=trust, dtype=dtype)
     tracker = LiveStorageTracker()
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions():
         model.to_empty(device="cpu")
         model.tie_weights()
         model.train()

@@ -61,7 +61,7 @@ def _is_module(obj) -> bool:
 def _from_module(module) -> ResolvedModel:
     config = getattr(module, "config", None)
     if config is None:
-        raise InputError("this nn.Module has no transformers config", flag="model",
+        raise InputError("this nn.Module has no transformers config", flag="--model",
                          hint="Pass a transformers model (it carries .config) or its PretrainedConfig.")
     name = getattr(config, "_name_or_path", "") or type(module).__name__
     spec = spec_from_model(module, config, name=name, source="module")
