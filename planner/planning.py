@@ -33,10 +33,10 @@ def plan(
     if optimizer not in states.OPTIMIZERS:
         raise InputError(f"unknown optimizer {optimizer!r}", flag="--optimizer",
                          hint=f"Use one of {', '.join(states.OPTIMIZERS)}.")
+    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect)  # cheap: fail fast on a bad --gpu
+    gpu_entry = hw.lookup_gpu(hardware.gpu)
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
     spec = resolved.spec
-    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect)
-    gpu_entry = hw.lookup_gpu(hardware.gpu)
     world = hardware.gpus_per_node * hardware.nodes
     if global_batch % world:
         low, high = nearest_valid_batches(global_batch, world)
