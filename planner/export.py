@@ -58,6 +58,8 @@ def deepspeed_config(plan) -> dict:
         if plan.optimizer != "lion":
             params.update(betas=ADAM_BETAS, eps=ADAM_EPS)
         out["optimizer"] = {"type": DS_OPTIMIZER[plan.optimizer], "params": params}
+    if lr is not None and plan.optimizer in DS_OPTIMIZER and plan.lr.warmup_steps > 0:
+        # WarmupLR rejects 0 steps; without warmup the LR is simply constant (no scheduler block)
         out["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
                                                           "warmup_num_steps": plan.lr.warmup_steps,
                                                           "warmup_type": "linear"}}

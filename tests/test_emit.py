@@ -1,0 +1,150 @@
+"""Emitted configs: loaded back by DeepSpeed's config classes and accelerate's loader; golden files; safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emit import EmitOptions, emit, launch_command, render_files, run_launch
+from planner import plan
+from planner.errors import InputError
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_GOLDEN = os.environ.get("TRAINPLAN_UPDATE_GOLDEN") == "1"
+
+LAYOUTS = {"1gpu": (1, 1), "8gpu": (8, 1), "4x8gpu": (8, 4)}
+PINS = [(0, None), (1, None), (2, None), (3, None), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")]
+
+
+def _plan(layout, zero, offload, precision="bf16-mixed"):
+    per_node, nodes = LAYOUTS[layout]
+    world = per_node * nodes
+    if world == 1 and zero and offload is None:
+        pytest.skip("ZeRO without offload is not planned on one GPU")
+    p = plan("gpt2", 64 * world, gpu="A100-80GB", gpus_per_node=per_node, nodes=nodes, zero_stage=zero,
+             precision=precision, lr=3e-4, lr_batch=64 * world // 4)
+    if offload is not None:
+        matching = [c for c in p.candidates if c.config.offload == offload]
+        p = p.model_copy(update={"choice": matching[0]})
+    else:
+        matching = [c for c in p.candidates if c.config.offload == "none"]
+        p = p.model_copy(update={"choice": matching[0]})
+    return p
+
+
+def _deepspeed_config(ds: dict, world: int, monkeypatch):
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_config
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: world)
+    return ds_config.DeepSpeedConfig(ds)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("zero,offload", PINS)
+def test_deepspeed_and_accelerate_load_emitted_configs(layout, zero, offload, tmp_path, monkeypatch):
+    p = _plan(layout, zero, offload)
+    cfg = p.choice.config
+    files = emit(p, tmp_path, EmitOptions(main_process_ip="10.0.0.1"))
+    ds = json.loads((tmp_path / "ds_config.json").read_text())
+    text = (tmp_path / "ds_config.json").read_text()
+    assert "auto" not in text and "Infinity" not in text and "NaN" not in text
+    loaded = _deepspeed_config(ds, cfg.world_size, monkeypatch)
+    assert loaded.train_batch_size == cfg.global_batch
+    assert loaded.train_micro_batch_size_per_gpu == cfg.micro_batch
+    assert loaded.gradient_accumulation_steps == cfg.grad_accum
+    assert loaded.zero_optimization_stage == cfg.zero_stage
+    assert loaded.bfloat16_config.enabled
+    if cfg.offload != "none":
+        assert loaded.zero_config.offload_optimizer.device == "cpu"
+    if cfg.offload == "optimizer+params":
+        assert loaded.zero_config.offload_param.device == "cpu"
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    acc = load_config_from_file(str(tmp_path / "accelerate_config.yaml"))
+    assert acc.num_processes == cfg.world_size and acc.num_machines == LAYOUTS[layout][1]
+    raw = yaml.safe_load((tmp_path / "accelerate_config.yaml").read_text())
+    if cfg.zero_stage > 0:
+        assert raw["distributed_type"] == "DEEPSPEED" and "mixed_precision" not in raw
+        assert Path(raw["deepspeed_config"]["deepspeed_config_file"]) == tmp_path.resolve() / "ds_config.json"
+    else:
+        assert raw["distributed_type"] == ("MULTI_GPU" if cfg.world_size > 1 else "NO")
+    if LAYOUTS[layout][1] > 1:
+        assert raw["main_process_ip"] == "10.0.0.1" and (tmp_path / "hostfile").exists()
+    args = json.loads((tmp_path / "training_args.json").read_text())
+    assert args["per_device_train_batch_size"] == cfg.micro_batch
+    assert args["gradient_accumulation_steps"] == cfg.grad_accum
+    assert args["learning_rate"] == pytest.approx(p.lr.learning_rate)
+    assert sorted(Path(f).name for f in files) == sorted(os.listdir(tmp_path))
+
+
+def test_fp16_config_has_explicit_loss_scaling(monkeypatch):
+    p = plan("gpt2", 64, gpu="T4-16GB", gpus_per_node=8, zero_stage=2)
+    ds = p.to_deepspeed()
+    assert ds["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "hysteresis": 2, "min_loss_scale": 1}
+    assert _deepspeed_config(ds, 8, monkeypatch).float16_config.enabled
+
+
+@pytest.mark.parametrize("zero,strategy", [(3, "FULL_SHARD"), (2, "SHARD_GRAD_OP")])
+def test_fsdp_config(zero, strategy, tmp_path):
+    p = plan("meta-llama/Llama-3.2-1B", 64, gpu="A100-80GB", gpus_per_node=8, zero_stage=zero, checkpointing="full")
+    p = p.model_copy(update={"choice": next(c for c in p.candidates if c.config.offload == "none")})
+    emit(p, tmp_path, EmitOptions(engine="fsdp"))
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    acc = load_config_from_file(str(tmp_path / "accelerate_config.yaml"))
+    fsdp = acc.fsdp_config
+    assert fsdp["fsdp_sharding_strategy"] == strategy
+    assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    assert fsdp["fsdp_activation_checkpointing"] is True
+    assert acc.mixed_precision == "bf16"
+
+
+def test_emitting_is_deterministic_and_never_overwrites(tmp_path):
+    p = plan("gpt2", 16, gpu="A100-80GB")
+    first = render_files(p, EmitOptions(), "/x")
+    assert first == render_files(p, EmitOptions(), "/x")
+    assert all(text.endswith("\n") for text in first.values())
+    emit(p, tmp_path)
+    (tmp_path / "ds_config.json").write_text("mine\n")
+    with pytest.raises(InputError) as info:
+        emit(p, tmp_path)
+    assert info.value.flag == "--emit" and "--force" in str(info.value)
+    assert (tmp_path / "ds_config.json").read_text() == "mine\n"
+    emit(p, tmp_path, EmitOptions(force=True))
+    assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 16
+    assert os.stat(tmp_path / "launch.sh").st_mode & stat.S_IXUSR
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no temporary files left
+
+
+@pytest.mark.parametrize("name,per_node", [("bloom-560m-a100-1gpu", 1), ("bloom-560m-a100-8gpu", 8)])
+def test_golden_files(name, per_node):
+    p = plan("bigscience/bloom-560m", 256, gpu="A100-80GB", gpus_per_node=per_node, lr=2e-4, lr_batch=32)
+    files = render_files(p, EmitOptions(), "/golden")
+    folder = GOLDEN / name
+    if UPDATE_GOLDEN:
+        folder.mkdir(parents=True, exist_ok=True)
+        for fname, text in files.items():
+            if fname != "plan.json":
+                (folder / fname).write_text(text)
+    for fname, text in files.items():
+        if fname == "plan.json":  # modelled numbers move with calibration; the configs must not drift silently
+            continue
+        assert (folder / fname).read_text() == text, f"{name}/{fname} changed: rerun with TRAINPLAN_UPDATE_GOLDEN=1"
+
+
+def test_launch_command_and_exit_code(tmp_path):
+    cmd = launch_command(tmp_path / "accelerate_config.yaml", ["train.py", "--epochs", "1"])
+    assert cmd[-5:] == ["--config_file", str(tmp_path / "accelerate_config.yaml"), "train.py", "--epochs", "1"]
+    with pytest.raises(InputError):
+        launch_command(tmp_path / "a.yaml", [])
+    assert run_launch([sys.executable, "-c", "import sys; sys.exit(7)"]) == 7

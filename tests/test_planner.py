@@ -1,0 +1,162 @@
+"""The planner: enumeration, fit test, LR rules, the speed model's directions, and the seeds' cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import plan
+from planner.errors import InputError, NoFitError
+from planner.hardware import lookup_gpu
+from planner.lr import scale_lr
+from planner.models import resolve_model
+from planner.search import SearchSpace, divisors, enumerate_configs, judge, nearest_valid_batches
+from planner.throughput import step_time
+
+A100 = "A100-80GB"
+
+
+def test_divisors():
+    assert divisors(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(1) == [1]
+    assert divisors(97) == [1, 97]
+
+
+def test_every_candidate_hits_the_global_batch_exactly():
+    space = SearchSpace(global_batch=96, world_size=8, gpus_per_node=8, precisions=("bf16-mixed", "fp32"),
+                        checkpointing=("none", "full"), zero_stages=(0, 1, 2, 3), allow_offload=True)
+    configs = enumerate_configs(space)
+    assert {c.micro_batch for c in configs} == {1, 2, 3, 4, 6, 12}
+    assert all(c.micro_batch * c.grad_accum * c.world_size == 96 for c in configs)
+    assert not any(c.offload == "optimizer+params" and c.zero_stage != 3 for c in configs)
+    assert not any(c.zero_stage == 0 and c.offload != "none" for c in configs)
+
+
+def test_single_gpu_zero_only_with_offload():
+    space = SearchSpace(global_batch=8, world_size=1, gpus_per_node=1, precisions=("bf16-mixed",),
+                        checkpointing=("none",), zero_stages=(0, 2, 3), allow_offload=False)
+    assert {c.zero_stage for c in enumerate_configs(space)} == {0}
+
+
+def test_nearest_valid_batches():
+    assert nearest_valid_batches(250, 8) == (248, 256)
+    assert nearest_valid_batches(3, 8) == (8, 8)
+
+
+def test_indivisible_batch_suggests_neighbours():
+    with pytest.raises(InputError) as info:
+        plan("gpt2", 250, gpu=A100, gpus_per_node=8)
+    assert info.value.flag == "--batch" and "248" in str(info.value) and "256" in str(info.value)
+
+
+def test_fit_test_against_budget():
+    class M:
+        peak = 10 * 2**30
+
+    assert judge(None, M(), 11 * 2**30)[0]
+    fits, reason = judge(None, M(), 9 * 2**30)
+    assert not fits and "OOM by 1.0 GiB" in reason
+
+
+@pytest.mark.parametrize("optimizer,rule", [("adamw", "sqrt"), ("adam", "sqrt"), ("lion", "sqrt"), ("sgd", "linear"),
+                                            ("sgd-momentum", "linear")])
+def test_lr_auto_rule(optimizer, rule):
+    d = scale_lr(1e-3, 256, 16, "auto", optimizer)
+    assert d.scaling == rule
+    assert d.learning_rate == pytest.approx(1e-3 * (4.0 if rule == "sqrt" else 16.0))
+
+
+def test_lr_explicit_rules_warmup_and_batchnorm():
+    assert scale_lr(1e-3, 64, 64, "linear", "adamw").factor == 1.0
+    assert scale_lr(1e-3, 64, 16, "none", "sgd").learning_rate == 1e-3
+    big = scale_lr(0.1, 8192, 256, "linear", "sgd")
+    assert big.factor == 32 and big.warmup_steps > 0 and "warm up" in big.notes[0]
+    bn = scale_lr(0.1, 64, 64, "auto", "sgd", has_batchnorm=True, micro_batch=4)
+    assert any("BatchNorm" in n for n in bn.notes)
+    with pytest.raises(InputError):
+        scale_lr(-1.0, 64, 64, "auto", "sgd")
+    with pytest.raises(InputError):
+        scale_lr(1.0, 64, 64, "cubic", "sgd")
+
+
+SPEC = resolve_model("meta-llama/Llama-3.2-1B").spec
+
+
+def _tps(**kw):
+    args = dict(micro_batch=4, grad_accum=4, seq_len=2048, precision="bf16-mixed", checkpointing="none", zero_stage=0,
+                offload="none", world_size=8, gpus_per_node=8)
+    args.update(kw)
+    return step_time(SPEC, lookup_gpu(A100), **args).tokens_per_s
+
+
+@settings(max_examples=80, deadline=None)
+@given(mb=st.sampled_from([1, 2, 4, 8, 16]), n=st.sampled_from([1, 2, 8]), seq=st.sampled_from([512, 2048]),
+       zero=st.sampled_from([0, 1, 2, 3]), world=st.sampled_from([1, 8, 64]))
+def test_speed_model_directions(mb, n, seq, zero, world):
+    kw = dict(micro_batch=mb, grad_accum=n, seq_len=seq, zero_stage=zero, world_size=world, gpus_per_node=min(world, 8))
+    base = _tps(**kw)
+    assert _tps(**{**kw, "checkpointing": "selective"}) <= base
+    assert _tps(**{**kw, "checkpointing": "full"}) <= _tps(**{**kw, "checkpointing": "selective"})
+    assert _tps(**{**kw, "precision": "fp32"}) < base
+    if zero:
+        assert _tps(**{**kw, "offload": "optimizer"}) <= base
+    # a bigger micro-batch at the same global batch never lowers throughput (fewer, larger steps)
+    if n % 2 == 0:
+        assert _tps(**{**kw, "micro_batch": mb * 2, "grad_accum": n // 2}) >= base * 0.999
+
+
+def test_bloom_560m_on_a100_80gb():
+    p = plan("bigscience/bloom-560m", 256, gpu=A100)
+    c = p.choice.config
+    assert c.micro_batch * c.grad_accum * c.world_size == 256
+    assert c.precision == "bf16-mixed"
+    assert p.choice.memory.peak <= p.hardware.budget_bytes <= p.hardware.gpu_memory_bytes
+    assert p.choice.throughput.source == "model" and p.choice.throughput.tokens_per_s > 0
+    data = p.to_json()
+    assert set(data) >= {"model", "hardware", "choice", "memory", "throughput", "candidates", "files"}
+    assert all(set(x) >= {"micro_batch", "grad_accum", "fits", "reason", "memory", "throughput"} for x in data["candidates"])
+
+
+def test_bloom_560m_on_t4_needs_fp16_small_micro_batches_and_accumulation():
+    p = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", seq_len=1024)
+    c = p.choice.config
+    assert c.precision == "fp16-mixed"
+    assert c.micro_batch <= 4 and c.grad_accum >= 64
+    assert any("no bf16" in n for n in p.notes)
+    with pytest.raises(InputError, match="bf16"):
+        plan("bigscience/bloom-560m", 256, gpu="T4-16GB", precision="bf16-mixed")
+
+
+def test_bert_large_512_batch_32_fits_on_a100_with_mixed_precision():
+    p = plan("google-bert/bert-large-uncased", 32, gpu=A100, seq_len=512)
+    assert p.choice.fits and p.choice.config.precision in ("bf16-mixed", "fp16-mixed")
+
+
+def test_user_pins_are_honoured():
+    p = plan("gpt2", 64, gpu=A100, gpus_per_node=2, precision="fp32", micro_batch=4, checkpointing="full",
+             zero_stage=1)
+    assert all(c.config.precision == "fp32" and c.config.micro_batch == 4 and c.config.checkpointing == "full"
+               and c.config.zero_stage == 1 for c in p.candidates)
+    with pytest.raises(InputError) as info:
+        plan("gpt2", 64, gpu=A100, micro_batch=5)
+    assert info.value.flag == "--micro-batch"
+
+
+def test_lr_in_plan_scales_by_n_by_default():
+    p = plan("gpt2", 64, gpu=A100, lr=1e-4, micro_batch=4)
+    n = p.choice.config.grad_accum
+    assert p.lr.reference_batch == 4 and p.lr.scaling == "sqrt"
+    assert p.lr.learning_rate == pytest.approx(1e-4 * math.sqrt(n))
+
+
+def test_nothing_fits_says_what_would():
+    with pytest.raises(NoFitError) as info:
+        plan("meta-llama/Llama-3.1-70B", 8, gpu="T4-16GB", seq_len=2048, offload=False)
+    text = "\n".join(info.value.suggestions)
+    assert "More GPUs" in text and "GiB" in text
+    assert info.value.exit_code == 1
+    assert not info.value.plan.choice.fits
