@@ -60,6 +60,8 @@ def main_command(
     main_process_port: int = typer.Option(29500, "--main-process-port", help="Multi-node: rendezvous port."),
     machine_rank: int = typer.Option(0, "--machine-rank", help="Multi-node: this machine's rank."),
     hostnames: Optional[str] = typer.Option(None, "--hostnames", help="Multi-node: comma-separated hosts for the DeepSpeed hostfile."),
+    probe: Optional[bool] = typer.Option(None, "--probe/--no-probe", help="Confirm the top candidates with short real steps on the local GPU (default: on when CUDA is available)."),
+    probe_budget: float = typer.Option(60.0, "--probe-budget", help="Seconds of probing at most."),
     launch: bool = typer.Option(False, "--launch", help="Run `accelerate launch` with the plan: plan ... --launch -- train.py ARGS"),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --launch: print the command instead of running it."),
     list_models: bool = typer.Option(False, "--list-models", help="List the bundled model presets and exit."),
@@ -86,7 +88,7 @@ def main_command(
             optimizer=optimizer, precision=precision, micro_batch=micro_batch, checkpointing=checkpointing,
             zero_stage=zero_stage, attention=attention, offload=not no_offload, headroom=headroom, lr=lr,
             lr_batch=lr_batch, lr_scaling=lr_scaling, memory_method=memory_method, trust_remote_code=trust_remote_code)
-        result = _run_plan(request)
+        result = _run_plan(request, _prober(probe, probe_budget, gpu), probe_budget)
         options = _emit_options(engine, main_process_ip, main_process_port, machine_rank, hostnames, force)
         if launch and emit_dir is None:
             import tempfile
@@ -141,11 +143,43 @@ def _launch(command: list[str], dry_run: bool) -> None:
     raise typer.Exit(run_launch(command))
 
 
-def _run_plan(request):
+def _prober(probe: bool | None, budget: float, gpu: str | None):
+    """The probes' `measure` callable, or None: only with a local CUDA GPU, and only for that GPU."""
+    from planner.errors import InputError
+
+    if probe is False:
+        return None
+    if budget <= 0:
+        raise InputError("must be a positive number of seconds", flag="--probe-budget")
+    from probes import Prober, cuda_available
+
+    if not cuda_available():
+        if probe:
+            raise InputError("there is no CUDA GPU here to probe on", flag="--probe", hint="Use --no-probe.")
+        return None
+    if gpu:
+        from planner.hardware import detect_gpus, lookup_gpu
+
+        local = detect_gpus()
+        if local is None or local.gpu.name != lookup_gpu(gpu).name:
+            if probe:
+                raise InputError(f"--gpu {gpu} is not the local GPU; probes measure the local one", flag="--probe",
+                                 hint="Drop --gpu or use --no-probe.")
+            return None
+    return Prober(device="cuda")
+
+
+def _run_plan(request, measure=None, probe_budget: float = 60.0):
     from planner.planning import plan
 
     kwargs = request.plan_kwargs()
-    return plan(kwargs.pop("model"), kwargs.pop("global_batch"), **kwargs)
+    if measure is None:
+        return plan(kwargs.pop("model"), kwargs.pop("global_batch"), **kwargs)
+    from rich.console import Console
+
+    with Console(stderr=True).status("probing...") as status:
+        return plan(kwargs.pop("model"), kwargs.pop("global_batch"), measure=measure, probe_budget_s=probe_budget,
+                    progress=lambda label: status.update(f"probing {label}"), **kwargs)
 
 
 def _print_plan(result, as_json: bool) -> None:

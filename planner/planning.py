@@ -24,7 +24,8 @@ def plan(
     checkpointing: str | None = None, zero_stage: int | None = None, attention: str = "sdpa",
     offload: bool = True, headroom: float | None = None, lr: float | None = None, lr_batch: int | None = None,
     lr_scaling: str = "auto", memory_method: str = "auto", measure: Callable | None = None,
-    trust_remote_code: bool = False, detect: bool = True,
+    trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
+    progress: Callable | None = None,
 ) -> Plan:
     """The fastest configuration that fits (see shared design). Raises InputError or NoFitError."""
     from planner.models import resolve_model
@@ -66,8 +67,10 @@ def plan(
                          f"{global_batch}, sequence {s}", suggestions=suggestions(draft, resolved, evaluator, gpu_entry),
                          plan=draft)
     if measure is not None:
-        from planner.refine import refine_with_measurements
-        draft = refine_with_measurements(draft, measure)
+        from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
+
+        draft = refine_with_measurements(draft, measure, resolved, progress=progress,
+                                         budget_s=DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s)
     lr_info, lr_notes = _lr(draft.choice, *lr_args)
     return draft.model_copy(update={"lr": lr_info, "notes": draft.notes + lr_notes})
 

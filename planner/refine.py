@@ -1,0 +1,152 @@
+"""Guided refinement with measurements: confirm the model's choice with few probes, calibrate, re-rank.
+
+`measure(context, config) -> dict` (status ok | oom | timeout | error | skipped, peak_allocated, peak_reserved,
+step_time_s, tokens_per_s) is supplied by the caller (the CLI passes probes.Prober). Per family (precision,
+checkpointing, ZeRO, offload) we start at the model's largest fitting micro-batch and move down on OOM, up
+when the calibrated model says the next one fits: at most `MAX_PROBES_PER_FAMILY` probes, where power-of-two
+or binary-search finders need 8-25 trials. The best measured candidate wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.memory.estimate import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
+from planner.types import Candidate, ThroughputInfo
+
+MAX_PROBES_PER_FAMILY = 3
+FAMILIES_PROBED = 3
+DEFAULT_PROBE_BUDGET_S = 60.0
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    resolved: object
+    seq_len: int
+    optimizer: str
+    attention: str
+    gpu_name: str
+    world_size: int
+
+
+def _family(cfg) -> tuple:
+    return cfg.precision, cfg.checkpointing, cfg.zero_stage, cfg.offload
+
+
+def refine_with_measurements(plan, measure: Callable, resolved, *, budget_s: float = DEFAULT_PROBE_BUDGET_S,
+                             progress: Callable | None = None):
+    context = ProbeContext(resolved, plan.seq_len, plan.optimizer, plan.attention, plan.hardware.gpu,
+                           plan.choice.config.world_size)
+    deadline = time.monotonic() + budget_s
+    by_family: dict[tuple, list[Candidate]] = {}
+    for c in plan.candidates:
+        if c.memory is not None:
+            by_family.setdefault(_family(c.config), []).append(c)
+    fitting_families, kinds = [], set()
+    for family in dict.fromkeys(_family(c.config) for c in plan.candidates if c.fits):
+        kind = ("mixed" if family[0] in ("bf16-mixed", "fp16-mixed") else family[0],) + family[1:]
+        if kind not in kinds:  # fp16 and bf16 autocast measure alike: probe the faster-ranked one
+            kinds.add(kind)
+            fitting_families.append(family)
+    records, measured = [], {}
+    for family in fitting_families[:FAMILIES_PROBED]:
+        members = sorted(by_family[family], key=lambda c: c.config.micro_batch)
+        for cand, result in _walk_family(members, measure, context, plan.hardware.budget_bytes, deadline, progress):
+            records.append(_record(cand, result))
+            measured[cand.config] = (cand, result)
+        if time.monotonic() > deadline:
+            break
+    return _rerank(plan, measured, records)
+
+
+def _walk_family(members, measure, context, budget, deadline, progress):
+    """Yield (candidate, result) for the probes of one family."""
+    fitting = [i for i, c in enumerate(members) if c.fits]
+    if not fitting:
+        return
+    index, tried, direction = fitting[-1], set(), 0
+    while len(tried) < MAX_PROBES_PER_FAMILY and 0 <= index < len(members) and index not in tried:
+        if time.monotonic() > deadline:
+            return
+        cand = members[index]
+        tried.add(index)
+        if progress:
+            progress(cand.config.label())
+        result = measure(context, cand.config)
+        yield cand, result
+        if result.get("status") == "oom" or (result.get("status") == "ok" and _measured_peak(result, context) > budget):
+            if direction > 0:
+                return
+            index, direction = index - 1, -1
+        elif result.get("status") == "ok" and direction >= 0 and index + 1 < len(members):
+            ratio = result["peak_allocated"] / max(cand.memory.peak_allocated, 1)
+            nxt = members[index + 1]
+            if nxt.memory.peak_allocated * ratio + (nxt.memory.peak - nxt.memory.peak_allocated) <= budget:
+                index, direction = index + 1, 1
+            else:
+                return
+        else:
+            return
+
+
+def _measured_peak(result: dict, context) -> int:
+    """What the process needs on the card: the allocator's reservation plus what lives outside it."""
+    outside = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if context.world_size > 1 else 0)
+    return int(result["peak_reserved"]) + outside
+
+
+def _record(cand: Candidate, result: dict) -> dict:
+    out = {"config": cand.config.label(), "micro_batch": cand.config.micro_batch, "status": result.get("status"),
+           "predicted_peak_allocated": cand.memory.peak_allocated if cand.memory else None,
+           "predicted_tokens_per_s": cand.throughput.tokens_per_s if cand.throughput else None}
+    for key in ("peak_allocated", "peak_reserved", "tokens_per_s", "step_time_s", "cached", "seconds", "reason", "error"):
+        if key in result:
+            out[key] = result[key]
+    return out
+
+
+def _rerank(plan, measured: dict, records: list[dict]):
+    budget = plan.hardware.budget_bytes
+    updated = []
+    for cand in plan.candidates:
+        entry = measured.get(cand.config)
+        updated.append(_apply(cand, entry[1], budget) if entry else cand)
+    probed_ok = [c for c in updated if c.throughput and c.throughput.source.startswith("probe") and c.fits]
+    rest = [c for c in updated if c not in probed_ok]
+    probed_ok.sort(key=lambda c: -c.throughput.tokens_per_s)
+    ranked = probed_ok + [c for c in rest if c.fits] + [c for c in rest if not c.fits]
+    spent = sum(r.get("seconds", 0.0) for r in records)
+    cached = sum(1 for r in records if r.get("cached"))
+    note = (f"Probes: {len(records)} run ({cached} from cache) in {spent:.0f} s; "
+            f"{len(probed_ok)} confirmed by measurement.")
+    return plan.model_copy(update={"choice": ranked[0], "candidates": tuple(ranked), "probes": tuple(records),
+                                   "notes": plan.notes + (note,)})
+
+
+def _apply(cand: Candidate, result: dict, budget: int) -> Candidate:
+    status = result.get("status")
+    if status == "oom":
+        return cand.model_copy(update={"fits": False, "reason": "OOM in a probe (measured)"})
+    if status != "ok":
+        return cand
+    world = cand.config.world_size
+    mem = cand.memory
+    outside = mem.peak - mem.peak_allocated - mem.terms.get("allocator_fragmentation", 0)
+    peak = int(result["peak_reserved"]) + outside
+    memory = mem.model_copy(update={"peak_allocated": int(result["peak_allocated"]), "peak": peak, "method": "probe",
+                                    "terms": {**mem.terms, "allocator_fragmentation":
+                                              int(result["peak_reserved"]) - int(result["peak_allocated"])}})
+    model_tp = cand.throughput
+    compute_s = result["step_time_s"]
+    step_s = compute_s + (model_tp.parts.get("communication", 0.0) + model_tp.parts.get("offload", 0.0))
+    samples = cand.config.micro_batch * cand.config.grad_accum * world
+    tokens_per_step = result["tokens_per_s"] * compute_s * world
+    throughput = ThroughputInfo(tokens_per_s=tokens_per_step / step_s, samples_per_s=samples / step_s,
+                                mfu=model_tp.mfu * (model_tp.step_time_s / step_s), step_time_s=step_s,
+                                source="probe" if world == 1 else "probe+model", parts={"measured": compute_s})
+    fits = peak <= budget
+    reason = (f"measured: peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB budget" if fits
+              else f"OOM by measurement: peak {peak / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB")
+    return cand.model_copy(update={"memory": memory, "throughput": throughput, "fits": fits, "reason": reason})

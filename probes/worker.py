@@ -1,0 +1,140 @@
+"""One probe, in its own process: `python -m probes.worker` reads a JSON request on stdin, prints one JSON
+result line on stdout. Materialises the model with random weights on the device (from meta; nothing is
+downloaded), runs warm-up and timed steps at the candidate's settings, reports memory and time.
+
+An OOM is a result (`status: "oom"`), not a failure. `inject` ("oom" | "hang" | "crash") exists for tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _config(request: dict):
+    from transformers import AutoConfig, CONFIG_MAPPING
+
+    if request.get("model_dir"):
+        return AutoConfig.from_pretrained(request["model_dir"], trust_remote_code=request.get("trust_remote_code", False))
+    data = request["config"]
+    return CONFIG_MAPPING[data["model_type"]].from_dict(data)
+
+
+def _materialise(config, request: dict, device: str):
+    import torch
+
+    from planner.models.build import build_meta
+
+    dtype = torch.bfloat16 if request["precision"] == "bf16-true" else torch.float32
+    config._attn_implementation = "eager" if request["attention"] == "eager" else "sdpa"
+    model = build_meta(config, trust_remote_code=request.get("trust_remote_code", False), dtype=dtype)
+    model.to_empty(device=device)
+    model.tie_weights()
+    with torch.no_grad():  # random weights: small normal values keep the loss finite
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model
+
+
+class _Clock:
+    def __init__(self, device: str):
+        import torch
+
+        self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def __call__(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+
+def run(request: dict) -> dict:
+    import torch
+
+    from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
+    from planner.memory.tracker import LiveStorageTracker
+
+    device = request.get("device", "cuda")
+    inject = request.get("inject")
+    if inject == "hang":
+        time.sleep(3600)
+    if inject == "crash":
+        os._exit(9)
+    torch.manual_seed(0)
+    model = _materialise(_config(request), request, device)
+    model.train()
+    enable_checkpointing(model, request["checkpointing"])
+    optimizer = make_optimizer(model, request["optimizer"], foreach=None)
+    batch = make_batch(model, request["micro_batch"], request["seq_len"], device=device)
+    precision = "fp32" if request["precision"] == "bf16-true" else request["precision"]
+    dev_type = "cuda" if device.startswith("cuda") else "cpu"
+    accum = min(2, request.get("grad_accum", 1))  # 2 micro-steps show both regimes (with/without grads)
+    clock = _Clock(device)
+    tracker = LiveStorageTracker() if dev_type == "cpu" else None
+
+    def step():
+        if inject == "oom":
+            raise torch.OutOfMemoryError("injected out-of-memory")
+        for _ in range(accum):
+            micro_step(model, batch, precision, dev_type)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(request.get("warmup", 1)):
+        step()
+    if dev_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    micro_times, optim_times = [], []
+    with tracker or _null():
+        if tracker is not None:
+            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
+            tracker.track_all(t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+            tracker.reset_peak()
+        for _ in range(request.get("steps", 2)):
+            for _ in range(accum):
+                t0 = clock()
+                micro_step(model, batch, precision, dev_type)
+                micro_times.append(clock() - t0)
+            t0 = clock()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            optim_times.append(clock() - t0)
+    micro = sorted(micro_times)[len(micro_times) // 2]
+    optim = sorted(optim_times)[len(optim_times) // 2]
+    n = request.get("grad_accum", 1)
+    step_time = n * micro + optim
+    if dev_type == "cuda":
+        allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    else:
+        allocated = reserved = tracker.peak
+    tokens = request["micro_batch"] * request["seq_len"] * n
+    return {"status": "ok", "peak_allocated": int(allocated), "peak_reserved": int(reserved),
+            "micro_step_s": micro, "optimizer_step_s": optim, "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    try:
+        result = run(request)
+    except Exception as err:  # noqa: BLE001 - report every failure as a result line
+        import torch
+
+        oom = isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+        result = {"status": "oom" if oom else "error", "error": f"{type(err).__name__}: {str(err)[:500]}"}
+    sys.stdout.write("PROBE-RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Probe mechanics on the CPU device with tiny models: subprocess isolation, timeout, injected OOM, cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import probes.runner as runner
+from planner import plan
+from planner.refine import MAX_PROBES_PER_FAMILY
+from probes import Prober, run_probe
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                             vocab_size=300, architectures=["LlamaForCausalLM"]).save_pretrained(folder)
+    return str(folder)
+
+
+def _request(tiny_dir, **kw):
+    req = {"model_dir": tiny_dir, "micro_batch": 2, "grad_accum": 2, "seq_len": 32, "precision": "fp32",
+           "checkpointing": "none", "attention": "sdpa", "optimizer": "adamw", "device": "cpu", "warmup": 1, "steps": 1}
+    req.update(kw)
+    return req
+
+
+def test_probe_measures_memory_and_time_in_a_subprocess(tiny_dir):
+    result = run_probe(_request(tiny_dir), timeout_s=120)
+    assert result["status"] == "ok"
+    assert result["peak_allocated"] > 0 and result["peak_reserved"] >= result["peak_allocated"]
+    assert result["step_time_s"] > 0 and result["tokens_per_s"] > 0
+
+
+def test_injected_oom_is_a_result(tiny_dir):
+    result = run_probe(_request(tiny_dir, inject="oom"), timeout_s=120)
+    assert result["status"] == "oom" and "injected" in result["error"]
+
+
+def test_crash_is_contained(tiny_dir):
+    result = run_probe(_request(tiny_dir, inject="crash"), timeout_s=120)
+    assert result["status"] == "error" and "code 9" in result["error"]
+    assert run_probe(_request(tiny_dir), timeout_s=120)["status"] == "ok"  # the next probe is unaffected
+
+
+def test_hang_times_out(tiny_dir):
+    result = run_probe(_request(tiny_dir, inject="hang"), timeout_s=3)
+    assert result["status"] == "timeout"
+
+
+def test_second_plan_runs_no_probe(tiny_dir, monkeypatch):
+    first = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, measure=Prober(device="cpu"), probe_budget_s=120)
+    assert first.probes and all(not r["cached"] for r in first.probes)
+    assert first.choice.throughput.source == "probe" and first.choice.memory.method == "probe"
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("a probe ran although its result was cached")
+
+    monkeypatch.setattr(runner, "run_probe", no_subprocess)
+    second = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, measure=Prober(device="cpu"), probe_budget_s=120)
+    assert second.probes and all(r["cached"] for r in second.probes)
+    assert second.choice.config == first.choice.config
+
+
+def test_oom_walks_down_with_few_probes(tiny_dir):
+    calls = []
+
+    def measure(context, cfg):
+        calls.append(cfg)
+        if cfg.micro_batch > 2:
+            return {"status": "oom"}
+        return {"status": "ok", "peak_allocated": 10_000_000, "peak_reserved": 12_000_000, "step_time_s": 1.0,
+                "tokens_per_s": cfg.micro_batch * cfg.grad_accum * 32.0}
+
+    p = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, precision="fp32", checkpointing="none", zero_stage=0,
+             measure=measure)
+    assert 1 < len(calls) <= MAX_PROBES_PER_FAMILY  # one family here: at most 3 probes to find its micro-batch
+    assert p.choice.config.micro_batch <= 2 and p.choice.throughput.source == "probe"
+    oomed = [c for c in p.candidates if c.reason == "OOM in a probe (measured)"]
+    assert oomed and all(not c.fits for c in oomed)
+
+
+def test_cli_refuses_probe_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--probe"])
+    assert result.exit_code == 2 and "--probe" in result.output
+
+
+@pytest.mark.gpu
+def test_probe_on_the_gpu(tiny_dir):
+    result = run_probe(_request(tiny_dir, device="cuda", precision="bf16-mixed"), timeout_s=300)
+    assert result["status"] == "ok" and result["peak_reserved"] >= result["peak_allocated"] > 0
