@@ -69,7 +69,7 @@ def test_oom_walks_down_with_few_probes(tiny_dir):
 
     def measure(context, cfg):
         calls.append(cfg)
-        if cfg.micro_batch > 2:
+        if cfg.micro_batch > 4:
             return {"status": "oom"}
         return {"status": "ok", "peak_allocated": 10_000_000, "peak_reserved": 12_000_000, "step_time_s": 1.0,
                 "tokens_per_s": cfg.micro_batch * cfg.grad_accum * 32.0}
@@ -77,7 +77,7 @@ def test_oom_walks_down_with_few_probes(tiny_dir):
     p = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, precision="fp32", checkpointing="none", zero_stage=0,
              measure=measure)
     assert 1 < len(calls) <= MAX_PROBES_PER_FAMILY  # one family here: at most 3 probes to find its micro-batch
-    assert p.choice.config.micro_batch <= 2 and p.choice.throughput.source == "probe"
+    assert p.choice.config.micro_batch == 4 and p.choice.throughput.source == "probe"  # 16 OOM, 8 OOM, 4 fits
     oomed = [c for c in p.candidates if c.reason == "OOM in a probe (measured)"]
     assert oomed and all(not c.fits for c in oomed)
 
