@@ -64,7 +64,7 @@ def plan(
                  choice=ranked[0], candidates=tuple(ranked), lr=_lr(ranked[0], *lr_args)[0], notes=tuple(notes))
     if not ranked[0].fits:
         raise NoFitError(f"no configuration of {spec.name} fits {world} x {gpu_entry.name} at global batch "
-                         f"{global_batch}, sequence {s}", suggestions=suggestions(draft, resolved, evaluator, gpu_entry),
+                         f"{global_batch}, sequence {s}", suggestions=suggestions(draft, evaluator, gpu_entry),
                          plan=draft)
     if measure is not None:
         from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements

@@ -114,6 +114,10 @@ def rejected(plan, limit: int = 6) -> Table:
     return table
 
 
+def _needed_bytes(candidate) -> tuple:
+    return (candidate.memory.peak if candidate.memory else float("inf"), candidate.config.micro_batch)
+
+
 def _family(cfg) -> tuple:
     """fp16-mixed and bf16-mixed behave alike here; show one of them per configuration kind."""
     precision = "mixed" if cfg.precision in ("bf16-mixed", "fp16-mixed") else cfg.precision
@@ -136,9 +140,9 @@ def render_plan(plan, console: Console) -> None:
 
 def render_no_fit(err, console: Console) -> None:
     console.print(f"[bold red]No configuration fits.[/] {err.message}")
-    if err.plan is not None:
-        best = err.plan.candidates[0]
-        console.print(f"Closest: {best.config.label()} — {best.reason}")
+    if err.plan is not None and err.plan.candidates:
+        closest = min(err.plan.candidates, key=_needed_bytes)
+        console.print(f"Closest: {closest.config.label()} — {closest.reason}")
     console.print("[bold]What would fit:[/]")
     for s in err.suggestions:
         console.print(f"  • {s}")

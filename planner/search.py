@@ -83,11 +83,17 @@ def _supports_sdpa(resolved) -> bool:
 
 
 #: The analytic activations can overestimate the traced ones by up to this factor (worst seen: BERT-large at
-#: micro-batch 1, whose autocast weight copies die before its small activations peak; see
-#: tests/test_memory_analytic.py). Dividing by it gives a lower bound that prunes without tracing.
+#: micro-batch 1, whose autocast weight copies die before its small activations peak). Dividing by it gives
+#: a lower bound: a candidate over budget even then is rejected without tracing.
 ANALYTIC_MAX_OVERESTIMATE = 3.5
-#: Calibrated analytic estimates within this factor of the budget are traced rather than trusted.
-CALIBRATED_MARGIN = 1.15
+#: An uncalibrated analytic estimate this far over the budget rejects without tracing. Traced/analytic
+#: ratios of decoder LLMs fall within 0.85-1.2 (e.g. Llama-3.1-70B: 0.89 selective, 1.08 none, 1.16 full; an
+#: analytic estimate 12% high is still traced),
+#: so this only costs a faster candidate where the formulas are far off, never a wrong "fits".
+UNCALIBRATED_MARGIN = 1.15
+#: A calibrated estimate (analytic x the family's traced ratio) this far over the budget rejects without
+#: tracing. Anything that would be chosen is always traced exactly first.
+CALIBRATED_MARGIN = 1.05
 
 
 class MemoryEvaluator:
@@ -133,6 +139,10 @@ class MemoryEvaluator:
         if ratio is None:
             return self._combine(cfg, act, "analytic"), False
         return self._combine(cfg, int(act * ratio), "analytic-calibrated"), True
+
+    def states_only(self, cfg: Config) -> MemoryEstimate:
+        """Model states and device overheads with no activations: a floor, for candidates rejected early."""
+        return self._combine(cfg, 0, "states-only")
 
     def lower_bound(self, cfg: Config) -> MemoryEstimate:
         act, _ = self._activations(cfg, "analytic")
@@ -180,7 +190,7 @@ def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, b
         speed = speeds[cfg]
         model_states_only = evaluator.states(cfg).total
         if model_states_only > budget:
-            results.append(Candidate(config=cfg, memory=None, throughput=speed, fits=False,
+            results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
                                      reason=f"model states alone {_gib(model_states_only)} > budget {_gib(budget)}"))
             continue
         contender = best_speed is None or speed.tokens_per_s >= best_speed * 0.99
@@ -206,4 +216,6 @@ def _evaluate(cfg: Config, evaluator: MemoryEvaluator, budget: int, contender: b
         bound = evaluator.lower_bound(cfg)
         if bound.peak > budget:
             return bound
+        if screened.peak > budget * UNCALIBRATED_MARGIN:
+            return screened
     return evaluator.estimate(cfg)

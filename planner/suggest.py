@@ -1,13 +1,13 @@
 """What would fit when nothing does: more GPUs, a larger GPU, offload, a shorter sequence, 8-bit Adam.
 
-Each suggestion is computed with the same memory model, at the smallest micro-batch, with full
-checkpointing (the least memory any candidate can have), and says its numbers.
+Each suggestion is computed with the same memory model as the plan (traced where it can be), at the
+smallest micro-batch, with full checkpointing (the least memory any candidate can have), and says its
+numbers. The shorter-sequence figure scales activations linearly in length, so it is approximate.
 """
 
 from __future__ import annotations
 
 from planner import hardware as hw
-from planner.memory.estimate import combine
 from planner.types import Config
 
 _GIB = 2**30
@@ -18,14 +18,13 @@ def _least_memory_config(world: int, precision: str, zero: int, offload: str) ->
                   zero_stage=zero, offload=offload)
 
 
-def suggestions(plan, resolved, evaluator, gpu) -> list[str]:
+def suggestions(plan, evaluator, gpu) -> list[str]:
     hwinfo = plan.hardware
     budget = hwinfo.budget_bytes
-    precision = plan.candidates[0].config.precision if plan.candidates else "fp32"
     precision = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
     world = hwinfo.gpus_per_node * hwinfo.nodes
     out: list[str] = []
-    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"), "analytic")
+    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"))
     out.append(f"The smallest configuration (micro-batch 1, full checkpointing, {precision}"
                f"{', ZeRO-3' if world > 1 else ''}) needs {best.peak / _GIB:.1f} GiB per GPU; "
                f"the budget is {budget / _GIB:.1f} GiB.")
@@ -33,7 +32,7 @@ def suggestions(plan, resolved, evaluator, gpu) -> list[str]:
         total = world * n
         if total > 4096:
             break
-        est = evaluator.estimate(_least_memory_config(total, precision, 3, "none"), "analytic")
+        est = evaluator.estimate(_least_memory_config(total, precision, 3, "none"))
         if est.peak <= budget:
             nodes = max(1, total // max(hwinfo.gpus_per_node, 1))
             out.append(f"More GPUs: {total} x {gpu.name} ({nodes} node(s) of {hwinfo.gpus_per_node}) with ZeRO-3 "
@@ -45,7 +44,7 @@ def suggestions(plan, resolved, evaluator, gpu) -> list[str]:
     if bigger:
         out.append(f"A larger GPU: {bigger[0].name} ({bigger[0].memory_gib:.0f} GiB) holds the smallest "
                    f"configuration ({best.peak / _GIB:.1f} GiB).")
-    off = evaluator.estimate(_least_memory_config(world, precision, 3, "optimizer+params"), "analytic")
+    off = evaluator.estimate(_least_memory_config(world, precision, 3, "optimizer+params"))
     if off.peak <= budget:
         out.append(f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {off.peak / _GIB:.1f} GiB "
                    f"per GPU and {off.cpu_offload_bytes / _GIB:.0f} GiB of host memory"
@@ -73,6 +72,6 @@ def _with_optimizer(evaluator, optimizer, world, precision):
     saved = evaluator.optimizer
     evaluator.optimizer = optimizer
     try:
-        return evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"), "analytic")
+        return evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"))
     finally:
         evaluator.optimizer = saved

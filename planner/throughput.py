@@ -164,10 +164,3 @@ def step_time(spec: ModelSpec, gpu: GPU, *, micro_batch: int, grad_accum: int, s
         mfu=model_flops / total / (world_size * peak), step_time_s=total,
         parts={"compute": compute, "optimizer": optimizer, "communication": comm, "offload": offload_s},
     )
-
-
-def best_case_tokens_per_s(spec: ModelSpec, gpu: GPU, seq_len: int, precision: str, world_size: int) -> float:
-    """An upper bound for any configuration at this precision: ceiling efficiency, no recompute, no comm."""
-    dense, attn = flops_per_token(spec, seq_len)
-    eff = efficiency_ceiling(gpu, precision) * HF_CODE_FACTOR * (FP32_EFFICIENCY_BOOST if precision == "fp32" else 1.0)
-    return world_size * gpu.peak_tflops(precision) * 1e12 * min(eff, 0.9) / (dense + attn)
