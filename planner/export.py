@@ -21,8 +21,12 @@ MIXED = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no", "bf16-true": 
 
 
 def deepspeed_config(plan) -> dict:
-    cfg = plan.choice.config
-    hidden = plan.model["hidden"]
+    return deepspeed_config_for(plan.choice.config, plan.model["hidden"], plan.optimizer, plan.lr.learning_rate,
+                                plan.lr.warmup_steps)
+
+
+def deepspeed_config_for(cfg, hidden: int, optimizer: str, lr: float | None, warmup_steps: int = 0) -> dict:
+    """The DeepSpeed config of one configuration (also what probes run)."""
     buckets = ds_bucket_elements(hidden)
     zero: dict = {"stage": cfg.zero_stage}
     if cfg.zero_stage > 0:
@@ -52,17 +56,15 @@ def deepspeed_config(plan) -> dict:
         out["fp16"] = {"enabled": True, **FP16_LOSS_SCALING}
     elif cfg.precision in ("bf16-mixed", "bf16-true"):
         out["bf16"] = {"enabled": True}
-    lr = plan.lr.learning_rate
-    if lr is not None and plan.optimizer in DS_OPTIMIZER:
+    if lr is not None and optimizer in DS_OPTIMIZER:
         params = {"lr": lr, "weight_decay": 0.0}
-        if plan.optimizer != "lion":
+        if optimizer != "lion":
             params.update(betas=ADAM_BETAS, eps=ADAM_EPS)
-        out["optimizer"] = {"type": DS_OPTIMIZER[plan.optimizer], "params": params}
-    if lr is not None and plan.optimizer in DS_OPTIMIZER and plan.lr.warmup_steps > 0:
+        out["optimizer"] = {"type": DS_OPTIMIZER[optimizer], "params": params}
+    if lr is not None and optimizer in DS_OPTIMIZER and warmup_steps > 0:
         # WarmupLR rejects 0 steps; without warmup the LR is simply constant (no scheduler block)
         out["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
-                                                          "warmup_num_steps": plan.lr.warmup_steps,
-                                                          "warmup_type": "linear"}}
+                                                          "warmup_num_steps": warmup_steps, "warmup_type": "linear"}}
     return out
 
 

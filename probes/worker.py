@@ -1,8 +1,10 @@
-"""One probe, in its own process: `python -m probes.worker` reads a JSON request on stdin, prints one JSON
-result line on stdout. Materialises the model with random weights on the device (from meta; nothing is
-downloaded), runs warm-up and timed steps at the candidate's settings, reports memory and time.
+"""One probe, in its own process: `python -m probes.worker REQUEST.json` (or the JSON on stdin) prints one
+JSON result line on stdout. Materialises the model with random weights on the device (from meta; nothing
+is downloaded), runs warm-up and timed steps at the candidate's settings, reports memory and time.
 
-An OOM is a result (`status: "oom"`), not a failure. `inject` ("oom" | "hang" | "crash") exists for tests.
+Requests with a `deepspeed` config run through `deepspeed.initialize` (ZeRO and offload as planned); under
+torchrun every rank runs and rank 0 reports. An OOM is a result (`status: "oom"`), not a failure.
+`inject` ("oom" | "hang" | "crash") exists for tests.
 """
 
 from __future__ import annotations
@@ -49,6 +51,78 @@ class _Clock:
         return time.perf_counter()
 
 
+def _init_distributed(device: str) -> None:
+    """DeepSpeed needs a process group; a single probe process makes its own on a free local port."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+
+
+def run_deepspeed(request: dict) -> dict:
+    import deepspeed
+    import torch
+
+    from planner.memory.step import enable_checkpointing, make_batch
+
+    device = request.get("device", "cuda")
+    _init_distributed(device)
+    if device.startswith("cuda"):
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    torch.manual_seed(0)
+    model = _materialise(_config(request), request, device)
+    model.train()
+    enable_checkpointing(model, request["checkpointing"])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                      config=request["deepspeed"])
+    batch = make_batch(model, request["micro_batch"], request["seq_len"], device=engine.device)
+    accum = engine.gradient_accumulation_steps()
+    clock = _Clock(str(engine.device))
+
+    def micro():
+        loss = engine(**batch).loss
+        engine.backward(loss)
+        engine.step()
+
+    for _ in range(request.get("warmup", 1) * accum):
+        micro()
+    if str(engine.device).startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(request.get("steps", 2) * accum):
+        t0 = clock()
+        micro()
+        times.append(clock() - t0)
+    boundary = times[accum - 1::accum]  # micro-steps that end in the optimizer step
+    inner = [t for i, t in enumerate(times) if (i + 1) % accum] or boundary
+    micro_s = sorted(inner)[len(inner) // 2]
+    optim_s = max(0.0, sorted(boundary)[len(boundary) // 2] - micro_s)
+    n = request.get("grad_accum", 1)
+    step_time = n * micro_s + optim_s
+    if str(engine.device).startswith("cuda"):
+        allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    else:  # CPU runs (tests): the process's resident set is the only meaningful figure
+        import resource
+
+        allocated = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    tokens = request["micro_batch"] * request["seq_len"] * n
+    return {"status": "ok", "peak_allocated": int(allocated), "peak_reserved": int(reserved), "micro_step_s": micro_s,
+            "optimizer_step_s": optim_s, "step_time_s": step_time, "tokens_per_s": tokens / step_time,
+            "engine": "deepspeed"}
+
+
 def run(request: dict) -> dict:
     import torch
 
@@ -61,6 +135,10 @@ def run(request: dict) -> dict:
         time.sleep(3600)
     if inject == "crash":
         os._exit(9)
+    if request.get("deepspeed"):
+        if inject == "oom":
+            raise torch.OutOfMemoryError("injected out-of-memory")
+        return run_deepspeed(request)
     torch.manual_seed(0)
     model = _materialise(_config(request), request, device)
     model.train()
@@ -123,7 +201,7 @@ class _null:
 
 
 def main() -> int:
-    request = json.loads(sys.stdin.read())
+    request = json.loads(open(sys.argv[1]).read() if len(sys.argv) > 1 else sys.stdin.read())
     try:
         result = run(request)
     except Exception as err:  # noqa: BLE001 - report every failure as a result line
@@ -131,8 +209,9 @@ def main() -> int:
 
         oom = isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
         result = {"status": "oom" if oom else "error", "error": f"{type(err).__name__}: {str(err)[:500]}"}
-    sys.stdout.write("PROBE-RESULT " + json.dumps(result) + "\n")
-    sys.stdout.flush()
+    if os.environ.get("RANK", "0") == "0":
+        sys.stdout.write("PROBE-RESULT " + json.dumps(result) + "\n")
+        sys.stdout.flush()
     return 0
 
 

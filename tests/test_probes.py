@@ -51,7 +51,8 @@ def test_hang_times_out(tiny_dir):
 
 
 def test_second_plan_runs_no_probe(tiny_dir, monkeypatch):
-    first = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, measure=Prober(device="cpu"), probe_budget_s=120)
+    first = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, zero_stage=0, measure=Prober(device="cpu"),
+                 probe_budget_s=120)
     assert first.probes and all(not r["cached"] for r in first.probes)
     assert first.choice.throughput.source == "probe" and first.choice.memory.method == "probe"
 
@@ -59,9 +60,26 @@ def test_second_plan_runs_no_probe(tiny_dir, monkeypatch):
         raise AssertionError("a probe ran although its result was cached")
 
     monkeypatch.setattr(runner, "run_probe", no_subprocess)
-    second = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, measure=Prober(device="cpu"), probe_budget_s=120)
+    second = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, zero_stage=0, measure=Prober(device="cpu"),
+                  probe_budget_s=120)
     assert second.probes and all(r["cached"] for r in second.probes)
     assert second.choice.config == first.choice.config
+
+
+def test_deepspeed_candidate_is_probed_through_deepspeed(tiny_dir):
+    pytest.importorskip("deepspeed")
+    from planner.models import resolve_model
+    from planner.refine import ProbeContext
+    from planner.types import Config
+
+    cfg = Config(micro_batch=2, grad_accum=4, world_size=1, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=2, offload="optimizer")
+    context = ProbeContext(resolve_model(tiny_dir), 32, "adamw", "sdpa", "A100-80GB", 1)
+    result = Prober(device="cpu", timeout_s=600, use_cache=False)(context, cfg)
+    assert result["status"] == "ok" and result["engine"] == "deepspeed", result
+    assert result["step_time_s"] > 0 and result["peak_allocated"] > 0
+    skipped = Prober(device="cpu")(context, cfg.model_copy(update={"world_size": 8, "grad_accum": 1}))
+    assert skipped["status"] == "skipped" and "modelled only" in skipped["reason"]
 
 
 def test_oom_walks_down_with_few_probes(tiny_dir):
