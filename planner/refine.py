@@ -107,12 +107,51 @@ def _record(cand: Candidate, result: dict) -> dict:
     return out
 
 
+def calibration_from(measured: dict) -> dict[tuple, dict]:
+    """Per family: measured/predicted activations, and the allocator's measured slack per activation byte."""
+    out: dict[tuple, dict] = {}
+    for cand, result in measured.values():
+        if result.get("status") != "ok" or cand.memory is None or cand.memory.activations <= 0:
+            continue
+        mem = cand.memory
+        fixed = mem.peak_allocated - mem.activations  # states and allocated overheads, as predicted
+        act = max(1, int(result["peak_allocated"]) - fixed)
+        slack = max(0, int(result["peak_reserved"]) - int(result["peak_allocated"]))
+        entry = out.setdefault(_family(cand.config), {"activation_ratio": [], "fragmentation": []})
+        entry["activation_ratio"].append(act / mem.activations)
+        entry["fragmentation"].append(slack / act)
+    return {fam: {k: max(v) for k, v in entry.items()} for fam, entry in out.items()}  # the cautious side
+
+
+def _calibrated(cand: Candidate, calib: dict, budget: int) -> Candidate:
+    """An unprobed candidate of a probed family, its activation and fragmentation terms corrected."""
+    mem = cand.memory
+    act = int(mem.activations * calib["activation_ratio"])
+    frag = int(act * calib["fragmentation"])
+    old_frag = mem.terms.get("allocator_fragmentation", 0)
+    peak_allocated = mem.peak_allocated + act - mem.activations
+    peak = mem.peak + (act - mem.activations) + (frag - old_frag)
+    memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
+                                    "method": "probe-calibrated",
+                                    "terms": {**mem.terms, "allocator_fragmentation": frag}})
+    fits = peak <= budget
+    reason = (f"fits (calibrated by probes): peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB" if fits else
+              f"OOM by {(peak - budget) / 2**30:.1f} GiB (calibrated by probes): peak {peak / 2**30:.1f} GiB")
+    return cand.model_copy(update={"memory": memory, "fits": fits, "reason": reason})
+
+
 def _rerank(plan, measured: dict, records: list[dict]):
     budget = plan.hardware.budget_bytes
+    calibration = calibration_from(measured)
     updated = []
     for cand in plan.candidates:
         entry = measured.get(cand.config)
-        updated.append(_apply(cand, entry[1], budget) if entry else cand)
+        if entry:
+            updated.append(_apply(cand, entry[1], budget))
+        elif cand.memory is not None and _family(cand.config) in calibration and cand.memory.activations > 0:
+            updated.append(_calibrated(cand, calibration[_family(cand.config)], budget))
+        else:
+            updated.append(cand)
     probed_ok = [c for c in updated if c.throughput and c.throughput.source.startswith("probe") and c.fits]
     rest = [c for c in updated if c not in probed_ok]
     probed_ok.sort(key=lambda c: -c.throughput.tokens_per_s)
@@ -121,8 +160,9 @@ def _rerank(plan, measured: dict, records: list[dict]):
     cached = sum(1 for r in records if r.get("cached"))
     note = (f"Probes: {len(records)} run ({cached} from cache) in {spent:.0f} s; "
             f"{len(probed_ok)} confirmed by measurement.")
+    table = {" / ".join(str(x) for x in fam): {k: round(v, 4) for k, v in c.items()} for fam, c in calibration.items()}
     return plan.model_copy(update={"choice": ranked[0], "candidates": tuple(ranked), "probes": tuple(records),
-                                   "notes": plan.notes + (note,)})
+                                   "calibration": table, "notes": plan.notes + (note,)})
 
 
 def _apply(cand: Candidate, result: dict, budget: int) -> Candidate:

@@ -109,6 +109,7 @@ class Plan(BaseModel):
     notes: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     probes: tuple[dict, ...] = ()
+    calibration: dict[str, dict[str, float]] = {}  # per family: measured/predicted activations, slack
 
     def to_json(self) -> dict:
         choice = _config_json(self.choice.config)
@@ -125,6 +126,7 @@ class Plan(BaseModel):
             "candidates": [c.to_json() for c in self.candidates],
             "notes": list(self.notes),
             "probes": list(self.probes),
+            "calibration": self.calibration,
             "files": list(self.files),
         }
 

@@ -100,6 +100,26 @@ def test_oom_walks_down_with_few_probes(tiny_dir):
     assert oomed and all(not c.fits for c in oomed)
 
 
+def test_probes_calibrate_the_unprobed_candidates_of_their_family(tiny_dir):
+    def measure(context, cfg):  # the GPU holds 3x the predicted activations and leaves 10% slack
+        mem = next(c.memory for c in base.candidates if c.config == cfg)
+        allocated = mem.peak_allocated + 2 * mem.activations
+        return {"status": "ok", "peak_allocated": allocated, "peak_reserved": int(allocated * 1.1),
+                "step_time_s": 1.0, "tokens_per_s": 1.0}
+
+    kw = dict(gpu="A100-80GB", seq_len=32, precision="fp32", checkpointing="none", zero_stage=0)
+    base = plan(tiny_dir, 16, **kw)
+    p = plan(tiny_dir, 16, measure=measure, **kw)
+    family = "fp32 / none / 0 / none"
+    assert p.calibration[family]["activation_ratio"] == pytest.approx(3.0, rel=0.01)
+    calibrated = [c for c in p.candidates if c.memory.method == "probe-calibrated"]
+    assert calibrated
+    for c in calibrated:
+        before = next(b.memory for b in base.candidates if b.config == c.config)
+        assert c.memory.activations == pytest.approx(3 * before.activations, rel=0.01)
+    assert p.to_json()["calibration"] == p.calibration
+
+
 def test_cli_refuses_probe_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
