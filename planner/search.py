@@ -1,9 +1,10 @@
 """Candidate enumeration and choice.
 
 Every (micro_batch, N) with micro_batch x N x world_size == global batch, x precision x checkpointing x
-ZeRO stage x offload. Speed is modelled for all of them (cheap); memory is evaluated in order of modelled
-speed, so the traced activation fits are built only for the families (precision, checkpointing, engine)
-that could still win. Candidates the walk never reaches get analytic memory, marked as such.
+ZeRO stage x offload. Speed is modelled for all of them (cheap). Memory is evaluated walking from the
+fastest: a candidate that could still be chosen is either rejected by a bound that cannot wrongly reject
+or traced exactly at its own micro-batch; each trace also calibrates the analytic formulas of its family.
+Slower candidates get calibrated (or plain) analytic estimates, and their `method` says so.
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ class MemoryEvaluator:
 
     def _activations(self, cfg: Config, method: str) -> tuple[int, str]:
         return activations(self.resolved, micro_batch=cfg.micro_batch, seq_len=self.seq_len, precision=cfg.precision,
-                           optimizer=self.optimizer, checkpointing=cfg.checkpointing, zero_stage=cfg.zero_stage,
-                           attention=self.attention, device="cuda", method=method)
+                           checkpointing=cfg.checkpointing, zero_stage=cfg.zero_stage, attention=self.attention,
+                           device="cuda", method=method)
 
     def _combine(self, cfg: Config, act: int, method: str) -> MemoryEstimate:
         return combine(self.resolved.spec, self.states(cfg), act, method, precision=cfg.precision,

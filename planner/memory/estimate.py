@@ -86,8 +86,8 @@ def estimate_memory(
         adafactor_elements=_adafactor_elements(resolved) if optimizer == "adafactor" else 0,
     )
     act, used = activations(resolved, micro_batch=micro_batch, seq_len=s, precision=precision,
-                            optimizer=optimizer, checkpointing=checkpointing, zero_stage=zero_stage,
-                            attention=attention, device=device, method=method)
+                            checkpointing=checkpointing, zero_stage=zero_stage, attention=attention, device=device,
+                            method=method)
     return combine(spec, ms, act, used, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
                    offload=offload, world_size=world_size, device=device, grad_accum=grad_accum)
 
@@ -125,12 +125,11 @@ def activation_precision(precision: str, zero_stage: int) -> str:
     return "bf16-mixed" if precision == "fp16-mixed" else precision
 
 
-def activations(resolved, *, micro_batch, seq_len, precision, optimizer, checkpointing, zero_stage,
-                attention, device, method, anchor: int | None = None) -> tuple[int, str]:
-    """Activation bytes of one micro-batch and the method that produced them.
-
-    Traced fits are exact at their anchor micro-batch (default: `micro_batch` itself); a search may anchor
-    at 1 to screen many micro-batches with one fit, which can only underestimate away from the anchor."""
+def activations(resolved, *, micro_batch, seq_len, precision, checkpointing, zero_stage, attention, device,
+                method) -> tuple[int, str]:
+    """Activation bytes of one micro-batch and the method that produced them. The optimizer plays no part:
+    traces step SGD so that no state is created, and optimizer states and temporaries are counted by formula.
+    Traces run at this very micro-batch (two depths, extrapolated per block), so they are exact for it."""
     from planner.models.build import effective_attention
 
     spec = resolved.spec
@@ -139,7 +138,7 @@ def activations(resolved, *, micro_batch, seq_len, precision, optimizer, checkpo
     act_precision = activation_precision(precision, zero_stage)
     if method in ("auto", "trace") and resolved.config is not None:
         req = TraceRequest(
-            micro_batch=anchor or micro_batch, seq_len=seq_len, precision=act_precision, optimizer="sgd",
+            micro_batch=micro_batch, seq_len=seq_len, precision=act_precision, optimizer="sgd",
             checkpointing=checkpointing, attention=kernel,
             # GPU flash / mem-efficient kernels apply attention dropout inside the kernel and save no mask;
             # CPU SDPA with dropout falls back to the math path, which does (reference.md)
@@ -147,7 +146,7 @@ def activations(resolved, *, micro_batch, seq_len, precision, optimizer, checkpo
         )
         try:
             fit = trace_activations(resolved.config, spec.config_hash, spec.layers, req, resolved.trust_remote_code,
-                                    batch_slope=anchor is not None and anchor != micro_batch)
+                                    batch_slope=False)
             return fit.activations(spec.layers, micro_batch), "trace"
         except Exception as err:  # noqa: BLE001 - any model code failure under fake tensors
             if method == "trace":

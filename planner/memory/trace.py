@@ -6,9 +6,10 @@ every micro-batch after the first of an accumulation cycle) and the optimizer st
 measures the peak above those model states: the activations, in the broad sense of everything the
 step allocates and frees (saved tensors, autocast weight copies, logits, the loss's scratch).
 
-Models are traced at two depths and two micro-batches and fitted per block and per sample
-(`TraceFit`); the model states themselves are always computed exactly by `states.py` from the full
-parameter count. Results are cached in memory and on disk (JSON).
+Models are traced at two depths at the micro-batch asked for and extrapolated per block (`TraceFit`);
+with `batch_slope` two micro-batches more give the per-sample slope too. The model states themselves are
+always computed exactly by `states.py` from the full parameter count. Results are cached in memory and on
+disk (JSON).
 """
 
 from __future__ import annotations
