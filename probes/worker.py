@@ -82,7 +82,9 @@ def run_deepspeed(request: dict) -> dict:
     if device.startswith("cuda"):
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     torch.manual_seed(0)
-    model = _materialise(_config(request), request, device)
+    stage3 = request["deepspeed"]["zero_optimization"]["stage"] == 3
+    # ZeRO-3 never holds the whole model on one GPU: build it in host memory and let DeepSpeed partition it
+    model = _materialise(_config(request), request, "cpu" if stage3 else device)
     model.train()
     enable_checkpointing(model, request["checkpointing"])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
