@@ -10,7 +10,7 @@ from planner.lr import scale_lr
 from planner.memory import states
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, search
 from planner.suggest import suggestions
-from planner.types import Hardware, LearningRate, Plan
+from planner.types import Candidate, Hardware, LearningRate, Plan
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
 #: caching allocator): covers run-to-run variation of the allocator and of NCCL/driver buffers.
@@ -57,6 +57,11 @@ def plan(
     evaluator = MemoryEvaluator(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                                 gpus_per_node=hardware.gpus_per_node, method=memory_method)
     ranked = search(resolved, gpu_entry, space, evaluator, hardware.budget_bytes, attention)
+    if precision == "auto" and not gpu_entry.bf16:  # say why bf16 is absent, as a rejected option
+        ranked.append(Candidate(config=ranked[0].config.model_copy(update={"precision": "bf16-mixed"}), memory=None,
+                                throughput=None, fits=False,
+                                reason=f"no bf16 on {gpu_entry.name} (compute capability "
+                                       f"{gpu_entry.compute_capability} < 8.0)"))
     notes = [hardware.note] if hardware.note else []
     notes += _precision_notes(precision, gpu_entry)
     lr_args = (lr, lr_batch, lr_scaling, optimizer, spec, global_batch)

@@ -96,26 +96,33 @@ def alternatives(plan, limit: int = 5) -> Table:
 
 
 def rejected(plan, limit: int = 6) -> Table:
-    """The fastest configurations that did not fit, one per distinct reason kind."""
-    table = Table(title="Faster options rejected", title_justify="left", expand=False)
+    """Faster configurations that did not fit: per kind of configuration its nearest miss (the smallest
+    overshoot), fastest kinds first."""
+    table = Table(title="Faster options rejected (nearest miss of each kind)", title_justify="left", expand=False)
     for col in ("config", "tokens/s", "reason"):
         table.add_column(col)
     best = plan.choice.throughput.tokens_per_s if plan.choice.fits else 0.0
-    rows = sorted((c for c in plan.candidates if not c.fits and c.throughput and c.throughput.tokens_per_s > best),
-                  key=lambda c: -c.throughput.tokens_per_s)
-    seen = set()
-    for c in rows:
-        if _family(c.config) in seen:
+    nearest: dict[tuple, object] = {}
+    for c in plan.candidates:
+        if c.fits or not c.throughput or c.throughput.tokens_per_s <= best:
             continue
-        seen.add(_family(c.config))
+        kind = _family(c.config)
+        if kind not in nearest or _needed_bytes(c) < _needed_bytes(nearest[kind]):
+            nearest[kind] = c
+    for c in sorted(nearest.values(), key=lambda c: -c.throughput.tokens_per_s)[:limit]:
         table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), c.reason)
-        if len(seen) >= limit:
-            break
+    for c in plan.candidates:  # options the hardware rules out entirely (no bf16, ...)
+        if c.throughput is None and not c.fits:
+            table.add_row(c.config.label(), "—", c.reason)
     return table
 
 
 def _needed_bytes(candidate) -> tuple:
-    return (candidate.memory.peak if candidate.memory else float("inf"), candidate.config.micro_batch)
+    """Sort key for "closest to fitting": estimates before bounds (a bound understates), then the peak."""
+    mem = candidate.memory
+    if mem is None:
+        return (2, float("inf"), candidate.config.micro_batch)
+    return (1 if mem.method == "analytic-lower-bound" else 0, mem.peak, candidate.config.micro_batch)
 
 
 def _family(cfg) -> tuple:

@@ -164,6 +164,8 @@ def _gib(n: float) -> str:
 def judge(cfg: Config, mem: MemoryEstimate, budget: int) -> tuple[bool, str]:
     if mem.peak <= budget:
         return True, f"fits: peak {_gib(mem.peak)} of {_gib(budget)} budget"
+    if mem.method == "analytic-lower-bound":
+        return False, f"OOM: needs at least {_gib(mem.peak)} > budget {_gib(budget)}"
     return False, f"OOM by {_gib(mem.peak - budget)}: peak {_gib(mem.peak)} > budget {_gib(budget)}"
 
 

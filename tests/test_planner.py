@@ -127,6 +127,7 @@ def test_bloom_560m_on_t4_needs_fp16_small_micro_batches_and_accumulation():
     assert c.precision == "fp16-mixed"
     assert c.micro_batch <= 4 and c.grad_accum >= 64
     assert any("no bf16" in n for n in p.notes)
+    assert any(not c.fits and "no bf16" in c.reason for c in p.candidates)
     with pytest.raises(InputError, match="bf16"):
         plan("bigscience/bloom-560m", 256, gpu="T4-16GB", precision="bf16-mixed")
 
