@@ -56,10 +56,17 @@ def test_indivisible_batch_suggests_neighbours():
 def test_fit_test_against_budget():
     class M:
         peak = 10 * 2**30
+        method = "trace"
 
     assert judge(None, M(), 11 * 2**30)[0]
     fits, reason = judge(None, M(), 9 * 2**30)
     assert not fits and "OOM by 1.0 GiB" in reason
+
+    class Bound(M):
+        method = "analytic-lower-bound"
+
+    fits, reason = judge(None, Bound(), 9 * 2**30)
+    assert not fits and "at least 10.0 GiB" in reason
 
 
 @pytest.mark.parametrize("optimizer,rule", [("adamw", "sqrt"), ("adam", "sqrt"), ("lion", "sqrt"), ("sgd", "linear"),
