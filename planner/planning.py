@@ -77,7 +77,9 @@ def plan(
         draft = refine_with_measurements(draft, measure, resolved, progress=progress,
                                          budget_s=DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s)
     lr_info, lr_notes = _lr(draft.choice, *lr_args)
-    return draft.model_copy(update={"lr": lr_info, "notes": draft.notes + lr_notes})
+    candidates = tuple(_with_lr(c, lr_args) for c in draft.candidates)
+    return draft.model_copy(update={"lr": lr_info, "notes": draft.notes + lr_notes, "choice": candidates[0],
+                                    "candidates": candidates})
 
 
 def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch):
@@ -145,6 +147,11 @@ def _zero_stages(value: int | None, world: int, offload: bool) -> tuple[int, ...
         raise InputError("ZeRO on one GPU only helps with offload", flag="--zero-stage",
                          hint="Drop --no-offload, or use --zero-stage 0.")
     return (value,)
+
+
+def _with_lr(candidate: Candidate, lr_args) -> Candidate:
+    info, _ = _lr(candidate, *lr_args)
+    return candidate.model_copy(update={"learning_rate": info.learning_rate, "lr_scaling": info.scaling})
 
 
 def _model_json(spec, seq_len: int) -> dict:

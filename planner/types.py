@@ -60,10 +60,13 @@ class Candidate(BaseModel):
     throughput: ThroughputInfo | None
     fits: bool
     reason: str
+    learning_rate: float | None = None   # the LR this candidate would train with (None without --lr)
+    lr_scaling: str | None = None
 
     def to_json(self) -> dict:
         data = _config_json(self.config)
-        data.update(memory=_memory_json(self.memory) if self.memory else None,
+        data.update(learning_rate=self.learning_rate, lr_scaling=self.lr_scaling,
+                    memory=_memory_json(self.memory) if self.memory else None,
                     throughput=self.throughput.model_dump() if self.throughput else None,
                     fits=self.fits, reason=self.reason)
         return data
