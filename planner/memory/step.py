@@ -6,13 +6,12 @@ Kept in one place so that what we predict and what we measure are the same progr
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
-# Ops whose outputs selective checkpointing keeps (the matmuls and attention kernels); everything else
-# (norms, activations, dropout, elementwise) is recomputed. torch's per-op SAC as torchtitan uses it
-# (torchtitan/models/llama3/infra/parallelize.py `_save_list`), without its every-other-mm rule.
+# Selective checkpointing is torch's per-op SAC with torchtitan's policy (torchtitan/models/llama3/infra/
+# parallelize.py `_save_list` and `_get_custom_policy`): keep the outputs of the matmuls and attention
+# kernels, except every second `mm`; recompute everything else (norms, activations, dropout, elementwise).
 _SAC_SAVE = {
     "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
     "aten._scaled_dot_product_flash_attention.default",
@@ -22,10 +21,22 @@ _SAC_SAVE = {
 }
 
 
-def _sac_policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
+def _sac_context():
+    """A fresh policy per checkpointed call, counting mm separately in the forward and in the recompute."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    return CheckpointPolicy.MUST_SAVE if str(op) in _SAC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        name = str(op)
+        if name == "aten.mm.default":
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if name in _SAC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def enable_checkpointing(model, mode: str) -> None:
@@ -36,9 +47,7 @@ def enable_checkpointing(model, mode: str) -> None:
         raise ValueError(f"{type(model).__name__} does not support activation checkpointing")
     kwargs = {"use_reentrant": False}
     if mode == "selective":
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _sac_policy)
+        kwargs["context_fn"] = _sac_context
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(kwargs)
     else:  # transformers < 5
