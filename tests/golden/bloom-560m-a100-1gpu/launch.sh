@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# trainplan: mb 4 x N 64 x 1 GPU, bf16-mixed, selective ckpt, single GPU
+# trainplan: mb 2 x N 128 x 1 GPU, bf16-mixed, single GPU
 # usage: ./launch.sh train.py [script args...]
-# selective checkpointing: call planner.memory.step.enable_checkpointing(model, 'selective') in train.py (the Trainer's flag is full checkpointing)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 exec accelerate launch --config_file "$here/accelerate_config.yaml" "$@"
