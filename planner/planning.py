@@ -15,6 +15,10 @@ from planner.types import Candidate, Hardware, LearningRate, Plan
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
 #: caching allocator): covers run-to-run variation of the allocator and of NCCL/driver buffers.
 DEFAULT_HEADROOM = 0.05
+#: Host memory per node assumed for CPU offload when we plan for another machine: DGX H100/H200/B200 and DGX
+#: A100 640GB nodes have 2 TB. Offload holds the optimizer (and parameters) there; DeepSpeed's estimators give
+#: the bytes.
+DEFAULT_HOST_MEMORY_BYTES = 2 * 2**40
 PRECISION_CHOICES = ("auto", *states.PRECISIONS)
 
 
@@ -56,7 +60,8 @@ def plan(
                          flag="--micro-batch", hint="Pick a divisor of global batch / number of GPUs.")
     evaluator = MemoryEvaluator(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                                 gpus_per_node=hardware.gpus_per_node, method=memory_method)
-    ranked = search(resolved, gpu_entry, space, evaluator, hardware.budget_bytes, attention)
+    ranked = search(resolved, gpu_entry, space, evaluator, hardware.budget_bytes, attention,
+                    host_budget=hardware.host_memory_bytes)
     if precision == "auto" and not gpu_entry.bf16:  # say why bf16 is absent, as a rejected option
         ranked.append(Candidate(config=ranked[0].config.model_copy(update={"precision": "bf16-mixed"}), memory=None,
                                 throughput=None, fits=False,
@@ -107,8 +112,18 @@ def _hardware(gpu, gpus_per_node, nodes, headroom, detect) -> Hardware:
     budget = int(entry.memory_bytes * (1 - frac))
     if is_local and detected.free_bytes:
         budget = min(budget, int(min(detected.free_bytes) * (1 - frac)))
+    host = _local_host_memory() if is_local else DEFAULT_HOST_MEMORY_BYTES
     return Hardware(gpu=entry.name, gpu_memory_bytes=entry.memory_bytes, gpus_per_node=count, nodes=nodes,
-                    detected=is_local, budget_bytes=budget, headroom=frac, note=note)
+                    detected=is_local, budget_bytes=budget, headroom=frac, host_memory_bytes=host, note=note)
+
+
+def _local_host_memory() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return DEFAULT_HOST_MEMORY_BYTES
 
 
 def _precisions(precision: str, gpu) -> tuple[str, ...]:

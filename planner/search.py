@@ -177,7 +177,7 @@ def rank_key(c: Candidate):
 
 
 def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
-           attention: str) -> list[Candidate]:
+           attention: str, host_budget: int | None = None) -> list[Candidate]:
     """All candidates, ranked: fitting ones by speed, then the rest; the first is the choice if it fits.
 
     Walks candidates from the fastest. Until one fits, each is pruned by a bound that cannot under-reject
@@ -191,7 +191,13 @@ def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, b
     best_speed = None
     for cfg in order:
         speed = speeds[cfg]
-        model_states_only = evaluator.states(cfg).total
+        model_states = evaluator.states(cfg)
+        if host_budget and model_states.cpu_bytes > host_budget:
+            results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
+                                     reason=f"offload needs {_gib(model_states.cpu_bytes)} of host memory per node > "
+                                            f"{_gib(host_budget)}"))
+            continue
+        model_states_only = model_states.total
         if model_states_only > budget:
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
                                      reason=f"model states alone {_gib(model_states_only)} > budget {_gib(budget)}"))

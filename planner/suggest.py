@@ -45,7 +45,7 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
         out.append(f"A larger GPU: {bigger[0].name} ({bigger[0].memory_gib:.0f} GiB) holds the smallest "
                    f"configuration ({best.peak / _GIB:.1f} GiB).")
     off = evaluator.estimate(_least_memory_config(world, precision, 3, "optimizer+params"))
-    if off.peak <= budget:
+    if off.peak <= budget and off.cpu_offload_bytes <= (hwinfo.host_memory_bytes or off.cpu_offload_bytes):
         out.append(f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {off.peak / _GIB:.1f} GiB "
                    f"per GPU and {off.cpu_offload_bytes / _GIB:.0f} GiB of host memory"
                    f"{' (drop --no-offload)' if 'optimizer' not in _offloads(plan) else ''}.")

@@ -82,6 +82,7 @@ class Hardware(BaseModel):
     detected: bool
     budget_bytes: int      # what a candidate's peak must stay under: card (or free) memory minus headroom
     headroom: float
+    host_memory_bytes: int = 0   # per node, for CPU offload: this machine's RAM when planning for it
     note: str = ""
 
 

@@ -168,3 +168,12 @@ def test_nothing_fits_says_what_would():
     assert "More GPUs" in text and "GiB" in text
     assert info.value.exit_code == 1
     assert not info.value.plan.choice.fits
+
+
+def test_offload_respects_host_memory():
+    p = plan("meta-llama/Llama-3.1-70B", 64, gpu="H100-80GB", gpus_per_node=8, seq_len=2048)
+    assert p.hardware.host_memory_bytes > 0
+    assert all(c.memory.cpu_offload_bytes <= p.hardware.host_memory_bytes for c in p.candidates if c.fits)
+    with pytest.raises(NoFitError) as info:  # 405B would need ~10 TB of host memory on one node
+        plan("meta-llama/Llama-3.1-405B", 64, gpu="H100-80GB", gpus_per_node=8, seq_len=2048)
+    assert any("host memory" in c.reason for c in info.value.plan.candidates)
