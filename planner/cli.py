@@ -101,9 +101,9 @@ def main_command(
         command = _launch_command(emit_dir, ctx.args) if launch else None
     except NoFitError as err:
         _report_no_fit(err, as_json)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except TrainplanError as err:
-        raise _fail(err)
+        raise _fail(err) from None
     _print_plan(result, as_json)
     if command is not None:
         _launch(command, dry_run)
@@ -237,13 +237,13 @@ def main() -> None:
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except Exception as err:  # noqa: BLE001 - the last line of defence against tracebacks
         if os.environ.get("TRAINPLAN_DEBUG"):
             raise
         _stderr().print(f"[bold red]internal error:[/] {type(err).__name__}: {err} "
                         "(rerun with TRAINPLAN_DEBUG=1 for the traceback, and please report it)")
-        raise SystemExit(3)
+        raise SystemExit(3) from None
 
 
 if __name__ == "__main__":

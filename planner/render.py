@@ -24,7 +24,7 @@ def memory_bar(mem, card_bytes: int, budget: int, width: int = 50) -> Text:
     """One line: each part's share of the card, then free space; '|' marks the budget."""
     bar = Text()
     used = 0
-    for field, label, color in _PARTS:
+    for field, _label, color in _PARTS:
         value = getattr(mem, field)
         cells = int(round(width * value / card_bytes))
         bar.append("█" * cells, style=color)
