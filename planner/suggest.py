@@ -2,7 +2,7 @@
 
 Each suggestion is computed with the same memory model as the plan (traced where it can be), at the
 smallest micro-batch, with full checkpointing (the least memory any candidate can have), and says its
-numbers. The shorter-sequence figure scales activations linearly in length, so it is approximate.
+numbers. The shorter-sequence figure comes from a quadratic fit of three traced sequence lengths.
 """
 
 from __future__ import annotations
@@ -53,15 +53,35 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
     if plan.optimizer != "adamw-8bit" and eight.peak <= budget:
         out.append(f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
                    f"peak {eight.peak / _GIB:.1f} GiB fits (--optimizer adamw-8bit).")
-    act = best.activations
-    if act > 0:
-        spare = budget - (best.peak - act)
-        if spare > 0:
-            s = int(plan.seq_len * spare / act) // 64 * 64
-            if 0 < s < plan.seq_len:
-                out.append(f"A shorter sequence: about {s} tokens fits at micro-batch 1 with full checkpointing "
-                           f"(--seq-len {s}).")
+    shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision)
+    if shorter:
+        out.append(f"A shorter sequence: {shorter} tokens fit at micro-batch 1 with full checkpointing "
+                   f"(--seq-len {shorter}).")
     return out
+
+
+def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision: str) -> int | None:
+    """The longest multiple of 64 below the planned length whose activations fit next to the model states,
+    from a quadratic fit of three traced lengths (analytic when the model cannot be traced)."""
+    from planner.memory.estimate import sequence_fit
+
+    fixed = best.peak - best.activations  # states and overheads do not depend on the sequence
+    if fixed >= budget or plan.seq_len < 128:
+        return None
+    s = plan.seq_len
+    lens = (max(64, s // 4 // 64 * 64), max(128, s // 2 // 64 * 64), s)
+    if len(set(lens)) < 3:
+        return None
+    try:
+        fit = sequence_fit(evaluator.resolved, micro_batch=1, seq_lens=lens, precision=precision,
+                           checkpointing="full", zero_stage=3 if world > 1 else 0, attention=evaluator.attention)
+        act_at = fit.activations
+    except Exception:  # noqa: BLE001 - untraceable model: activations roughly proportional to length
+        act_at = lambda n: best.activations * n / s  # noqa: E731
+    candidate = (s - 1) // 64 * 64
+    while candidate >= 64 and fixed + act_at(candidate) > budget:
+        candidate -= 64
+    return candidate if candidate >= 64 else None
 
 
 def _offloads(plan) -> set[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -104,3 +105,14 @@ def test_7b_traced_estimate_is_fast():
     elapsed = time.perf_counter() - start
     assert est.method == "trace"
     assert elapsed < 10.0, f"7B traced estimate took {elapsed:.1f} s"
+
+
+def test_sequence_fit_predicts_an_untraced_length():
+    from planner.memory.trace import trace_sequence_fit
+
+    config = tiny_llama(6)
+    r = req(attention="eager", micro_batch=2)  # eager attention keeps s x s scores: a real quadratic term
+    fit = trace_sequence_fit(config, "tiny-seq", 6, r, (64, 128, 256))
+    assert fit.c2 > 0
+    direct = trace_activations(config, "tiny-seq", 6, replace(r, seq_len=192), batch_slope=False).activations(6, 2)
+    assert fit.activations(192) == pytest.approx(direct, rel=0.03)

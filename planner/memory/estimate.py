@@ -158,6 +158,21 @@ def activations(resolved, *, micro_batch, seq_len, precision, checkpointing, zer
     return sum(terms.values()), "analytic"
 
 
+def sequence_fit(resolved, *, micro_batch, seq_lens, precision, checkpointing, zero_stage, attention, device="cuda"):
+    """Activations as a function of sequence length, fitted from three traces (see trace.SequenceFit)."""
+    from planner.memory.trace import trace_sequence_fit
+    from planner.models.build import effective_attention
+
+    kernel = effective_attention(resolved.config, "eager" if attention == "eager" else "sdpa",
+                                 resolved.trust_remote_code)
+    req = TraceRequest(micro_batch=micro_batch, seq_len=seq_lens[-1], precision=activation_precision(precision, zero_stage),
+                       optimizer="sgd", checkpointing=checkpointing, attention=kernel,
+                       attention_dropout=(device == "cpu" or kernel == "eager"), foreach=False)
+    spec = resolved.spec
+    return trace_sequence_fit(resolved.config, spec.config_hash, spec.layers, req, tuple(seq_lens),
+                              resolved.trust_remote_code)
+
+
 def optimizer_transient(spec, precision: str, optimizer: str, zero_stage: int, device: str) -> int:
     """Temporaries of the optimizer step. torch's CPU default is a per-tensor loop (one parameter's worth);
     on CUDA we plan for fused AdamW (the Trainer default, `adamw_torch_fused`), which works in place.

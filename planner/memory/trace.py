@@ -124,6 +124,34 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
     return TraceFit.from_points(l1, l2, b1, b2, *points)
 
 
+@dataclass(frozen=True)
+class SequenceFit:
+    """Activations at a fixed micro-batch and depth as a quadratic in the sequence length: linear terms
+    (everything saved per token) plus s^2 (attention scores, where the kernel keeps them)."""
+
+    c0: float
+    c1: float
+    c2: float
+    seq_lens: tuple[int, ...]
+
+    def activations(self, seq_len: int) -> int:
+        return max(0, int(round(self.c0 + self.c1 * seq_len + self.c2 * seq_len * seq_len)))
+
+
+def trace_sequence_fit(config, config_hash: str, total_layers: int, req: TraceRequest,
+                       seq_lens: tuple[int, int, int], trust_remote_code: bool = False) -> SequenceFit:
+    """Fit act(s) = c0 + c1 s + c2 s^2 through three traced sequence lengths (each at two depths)."""
+    values = [trace_activations(config, config_hash, total_layers, replace(req, seq_len=s), trust_remote_code,
+                                batch_slope=False).activations(total_layers, req.micro_batch) for s in seq_lens]
+    (x0, x1, x2), (y0, y1, y2) = seq_lens, values
+    # Newton's divided differences: exact through the three points
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    c2 = (d12 - d01) / (x2 - x0)
+    c1 = d01 - c2 * (x0 + x1)
+    c0 = y0 - c1 * x0 - c2 * x0 * x0
+    return SequenceFit(c0, c1, c2, tuple(seq_lens))
+
+
 def _cached_trace(config, config_hash, layers, req, trust) -> int:
     key = _key(config_hash, layers, req)
     if key in _memory_cache:
