@@ -88,8 +88,8 @@ def main_command(
             optimizer=optimizer, precision=precision, micro_batch=micro_batch, checkpointing=checkpointing,
             zero_stage=zero_stage, attention=attention, offload=not no_offload, headroom=headroom, lr=lr,
             lr_batch=lr_batch, lr_scaling=lr_scaling, memory_method=memory_method, trust_remote_code=trust_remote_code)
-        result = _run_plan(request, _prober(probe, probe_budget, gpu), probe_budget)
         options = _emit_options(engine, main_process_ip, main_process_port, machine_rank, hostnames, force)
+        result = _run_plan(request, _prober(probe, probe_budget, gpu), probe_budget)
         if launch and emit_dir is None:
             import tempfile
 
