@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 
-
-def cache_dir() -> Path:
-    root = os.environ.get("TRAINPLAN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "trainplan")
-    return Path(root).expanduser() / "probes"
+from planner.cache import load_json, store_json
 
 
 def probe_key(request: dict, gpu_name: str) -> str:
@@ -23,20 +18,9 @@ def probe_key(request: dict, gpu_name: str) -> str:
 
 
 def load(key: str) -> dict | None:
-    try:
-        return json.loads((cache_dir() / f"{key}.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return load_json("probes", key)
 
 
 def store(key: str, result: dict) -> None:
-    if result.get("status") not in ("ok", "oom"):  # timeouts and crashes are worth retrying
-        return
-    folder = cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(result, sort_keys=True))
-        tmp.replace(folder / f"{key}.json")
-    except OSError:
-        pass
+    if result.get("status") in ("ok", "oom"):  # timeouts and crashes are worth retrying
+        store_json("probes", key, result)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+
+from planner.cache import load_json, store_json
 
 #: Block counts traced for the per-block slope. From 3 blocks on, the moment of the peak (end of the
 #: forward, or the loss's backward) no longer moves with depth, so the slope holds for any depth; 2 and 4
@@ -79,11 +79,6 @@ class TraceRequest:
 
 
 _memory_cache: dict[str, int] = {}
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TRAINPLAN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "trainplan")
-    return Path(root).expanduser() / "traces"
 
 
 def _key(config_hash: str, layers: int, req: TraceRequest) -> str:
@@ -156,18 +151,12 @@ def _cached_trace(config, config_hash, layers, req, trust) -> int:
     key = _key(config_hash, layers, req)
     if key in _memory_cache:
         return _memory_cache[key]
-    path = _cache_dir() / f"{key}.json"
-    try:
-        result = int(json.loads(path.read_text())["activations"])
-    except (OSError, ValueError, KeyError, TypeError):
+    stored = load_json("traces", key)
+    if stored is not None and isinstance(stored.get("activations"), int):
+        result = stored["activations"]
+    else:
         result = run_trace(config, layers, req, trust)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"activations": result}))
-            tmp.replace(path)
-        except OSError:  # a read-only home is no reason to fail; we just trace again next time
-            pass
+        store_json("traces", key, {"activations": result})
     _memory_cache[key] = result
     return result
 
