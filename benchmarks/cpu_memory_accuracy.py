@@ -61,7 +61,6 @@ CASES = [  # model, micro_batch, seq, precision, optimizer, checkpointing, grad_
 def real_peak(config, micro_batch, seq, precision, optimizer, checkpointing, grad_accum) -> int:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    model = transformers.AutoModel.from_config  # noqa: F841 - keep transformers' lazy modules loaded
     cls = getattr(transformers, config.architectures[0])
     model = cls._from_config(config, dtype=dtype)
     model.train()

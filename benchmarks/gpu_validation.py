@@ -56,7 +56,7 @@ def validate_memory(prober, gpu_name: str, quick: bool) -> list[dict]:
         est = estimate_memory(resolved, micro_batch=mb, seq_len=seq, precision=precision, checkpointing=ckpt,
                               gpu=gpu_name, grad_accum=2)
         speed = model_speed(resolved, lookup_gpu(gpu_name), cfg, seq, 1, "sdpa")
-        got = prober(ProbeContext(resolved, seq, "adamw", "sdpa", gpu_name, 1), cfg)
+        got = prober(ProbeContext(resolved, seq, "adamw", "sdpa", gpu_name), cfg)
         row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb,
                "predicted_peak_allocated": est.peak_allocated, "predicted_peak": est.peak,
                "predicted_tokens_per_s": speed.tokens_per_s, "method": est.method, **got}
@@ -85,7 +85,7 @@ def validate_choice(gpu_name: str) -> dict:
     from planner.models import resolve_model
 
     context = ProbeContext(resolve_model("bigscience/bloom-560m"), chosen.seq_len, chosen.optimizer, chosen.attention,
-                           gpu_name, 1)
+                           gpu_name)
     for cand in chosen.candidates:
         cfg = cand.config
         if cfg.zero_stage or cfg.precision == "fp16-mixed":

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.memory.estimate import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from planner.types import Candidate, ThroughputInfo
 
 MAX_PROBES_PER_FAMILY = 3
@@ -28,7 +27,6 @@ class ProbeContext:
     optimizer: str
     attention: str
     gpu_name: str
-    world_size: int
 
 
 def _family(cfg) -> tuple:
@@ -37,17 +35,16 @@ def _family(cfg) -> tuple:
 
 def refine_with_measurements(plan, measure: Callable, resolved, *, budget_s: float = DEFAULT_PROBE_BUDGET_S,
                              progress: Callable | None = None):
-    context = ProbeContext(resolved, plan.seq_len, plan.optimizer, plan.attention, plan.hardware.gpu,
-                           plan.choice.config.world_size)
+    context = ProbeContext(resolved, plan.seq_len, plan.optimizer, plan.attention, plan.hardware.gpu)
     deadline = time.monotonic() + budget_s
     by_family: dict[tuple, list[Candidate]] = {}
     for c in plan.candidates:
         if c.memory is not None:
             by_family.setdefault(_family(c.config), []).append(c)
     fitting_families, kinds = [], set()
-    for family in dict.fromkeys(_family(c.config) for c in plan.candidates if c.fits):
-        kind = ("mixed" if family[0] in ("bf16-mixed", "fp16-mixed") else family[0],) + family[1:]
-        if kind not in kinds:  # fp16 and bf16 autocast measure alike: probe the faster-ranked one
+    for cand in plan.candidates:
+        family, kind = _family(cand.config), cand.config.kind()
+        if cand.fits and kind not in kinds:  # fp16 and bf16 autocast measure alike: probe the faster-ranked one
             kinds.add(kind)
             fitting_families.append(family)
     records, measured = [], {}
@@ -76,7 +73,7 @@ def _walk_family(members, measure, context, budget, deadline, progress):
             progress(cand.config.label())
         result = measure(context, cand.config)
         yield cand, result
-        if result.get("status") == "oom" or (result.get("status") == "ok" and _measured_peak(result, context) > budget):
+        if result.get("status") == "oom" or (result.get("status") == "ok" and _measured_peak(result, cand) > budget):
             if direction > 0:
                 return
             index, direction = index - 1, -1
@@ -91,9 +88,11 @@ def _walk_family(members, measure, context, budget, deadline, progress):
             return
 
 
-def _measured_peak(result: dict, context) -> int:
-    """What the process needs on the card: the allocator's reservation plus what lives outside it."""
-    outside = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if context.world_size > 1 else 0)
+def _measured_peak(result: dict, cand: Candidate) -> int:
+    """What the process needs on the card: the allocator's measured reservation plus what the model says lives
+    outside it (CUDA context, NCCL buffers): the predicted peak less what the allocator holds."""
+    mem = cand.memory
+    outside = mem.peak - mem.peak_allocated - mem.terms.get("allocator_fragmentation", 0)
     return int(result["peak_reserved"]) + outside
 
 
@@ -173,8 +172,7 @@ def _apply(cand: Candidate, result: dict, budget: int) -> Candidate:
         return cand
     world = cand.config.world_size
     mem = cand.memory
-    outside = mem.peak - mem.peak_allocated - mem.terms.get("allocator_fragmentation", 0)
-    peak = int(result["peak_reserved"]) + outside
+    peak = _measured_peak(result, cand)
     memory = mem.model_copy(update={"peak_allocated": int(result["peak_allocated"]), "peak": peak, "method": "probe",
                                     "terms": {**mem.terms, "allocator_fragmentation":
                                               int(result["peak_reserved"]) - int(result["peak_allocated"])}})

@@ -79,13 +79,13 @@ def alternatives(plan, limit: int = 5) -> Table:
     for col in ("config", "tokens/s", "peak", "why not chosen"):
         table.add_column(col)
     best = plan.choice.throughput.tokens_per_s
-    shown, seen = 0, {_family(plan.choice.config)}
+    shown, seen = 0, {plan.choice.config.kind()}
     for c in plan.candidates[1:]:
         if not c.fits:
             break
-        if _family(c.config) in seen:  # one row per kind of configuration, its best micro-batch
+        if c.config.kind() in seen:  # one row per kind of configuration, its best micro-batch
             continue
-        seen.add(_family(c.config))
+        seen.add(c.config.kind())
         slower = 1 - c.throughput.tokens_per_s / best
         why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more moving parts"
         table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), gib(c.memory.peak), why)
@@ -106,7 +106,7 @@ def rejected(plan, limit: int = 6) -> Table:
     for c in plan.candidates:
         if c.fits or not c.throughput or c.throughput.tokens_per_s <= best:
             continue
-        kind = _family(c.config)
+        kind = c.config.kind()
         if kind not in nearest or _needed_bytes(c) < _needed_bytes(nearest[kind]):
             nearest[kind] = c
     for c in sorted(nearest.values(), key=lambda c: -c.throughput.tokens_per_s)[:limit]:
@@ -125,10 +125,6 @@ def _needed_bytes(candidate) -> tuple:
     return (1 if mem.method == "analytic-lower-bound" else 0, mem.peak, candidate.config.micro_batch)
 
 
-def _family(cfg) -> tuple:
-    """fp16-mixed and bf16-mixed behave alike here; show one of them per configuration kind."""
-    precision = "mixed" if cfg.precision in ("bf16-mixed", "fp16-mixed") else cfg.precision
-    return precision, cfg.checkpointing, cfg.zero_stage, cfg.offload
 
 
 def render_plan(plan, console: Console) -> None:

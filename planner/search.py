@@ -214,11 +214,11 @@ def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, b
 
 
 def _evaluate(cfg: Config, evaluator: MemoryEvaluator, budget: int, contender: bool) -> MemoryEstimate:
+    if contender and evaluator.method == "trace":
+        return evaluator.estimate(cfg)
     screened, calibrated = evaluator.screen(cfg)
     if not contender or evaluator.method == "analytic":
         return screened
-    if evaluator.method == "trace":
-        return evaluator.estimate(cfg)
     if calibrated and screened.peak > budget * CALIBRATED_MARGIN:
         return screened
     if not calibrated:

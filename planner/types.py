@@ -34,6 +34,12 @@ class Config(BaseModel):
                 + {"none": 0, "selective": 1, "full": 2}[self.checkpointing]
                 + (1 if self.precision == "fp16-mixed" else 0) + (1 if self.grad_accum > 1 else 0))
 
+    def kind(self) -> tuple:
+        """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one: they have the
+        same bytes and speed, so views and probes treat them as one kind."""
+        precision = "mixed" if self.precision in ("bf16-mixed", "fp16-mixed") else self.precision
+        return precision, self.checkpointing, self.zero_stage, self.offload
+
     def label(self) -> str:
         zero = f"ZeRO-{self.zero_stage}" if self.zero_stage else ("DDP" if self.world_size > 1 else "single GPU")
         off = f" + offload {self.offload}" if self.offload != "none" else ""

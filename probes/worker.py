@@ -9,6 +9,7 @@ torchrun every rank runs and rank 0 reports. An OOM is a result (`status: "oom"`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -109,20 +110,15 @@ def run_deepspeed(request: dict) -> dict:
         times.append(clock() - t0)
     boundary = times[accum - 1::accum]  # micro-steps that end in the optimizer step
     inner = [t for i, t in enumerate(times) if (i + 1) % accum] or boundary
-    micro_s = sorted(inner)[len(inner) // 2]
-    optim_s = max(0.0, sorted(boundary)[len(boundary) // 2] - micro_s)
-    n = request.get("grad_accum", 1)
-    step_time = n * micro_s + optim_s
+    micro_s = _median(inner)
+    optim_s = max(0.0, _median(boundary) - micro_s)
     if str(engine.device).startswith("cuda"):
         allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     else:  # CPU runs (tests): the process's resident set is the only meaningful figure
         import resource
 
         allocated = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tokens = request["micro_batch"] * request["seq_len"] * n
-    return {"status": "ok", "peak_allocated": int(allocated), "peak_reserved": int(reserved), "micro_step_s": micro_s,
-            "optimizer_step_s": optim_s, "step_time_s": step_time, "tokens_per_s": tokens / step_time,
-            "engine": "deepspeed"}
+    return {**_result(request, allocated, reserved, micro_s, optim_s), "engine": "deepspeed"}
 
 
 def run(request: dict) -> dict:
@@ -166,7 +162,7 @@ def run(request: dict) -> dict:
     if dev_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     micro_times, optim_times = [], []
-    with tracker or _null():
+    with tracker or contextlib.nullcontext():
         if tracker is not None:
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
             tracker.track_all(t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
@@ -180,26 +176,24 @@ def run(request: dict) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             optim_times.append(clock() - t0)
-    micro = sorted(micro_times)[len(micro_times) // 2]
-    optim = sorted(optim_times)[len(optim_times) // 2]
-    n = request.get("grad_accum", 1)
-    step_time = n * micro + optim
     if dev_type == "cuda":
         allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     else:
         allocated = reserved = tracker.peak
+    return _result(request, allocated, reserved, _median(micro_times), _median(optim_times))
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _result(request: dict, allocated: int, reserved: int, micro_s: float, optim_s: float) -> dict:
+    """The probe's report: peaks, and a full step's time as N micro-steps plus one optimizer step."""
+    n = request.get("grad_accum", 1)
+    step_time = n * micro_s + optim_s
     tokens = request["micro_batch"] * request["seq_len"] * n
-    return {"status": "ok", "peak_allocated": int(allocated), "peak_reserved": int(reserved),
-            "micro_step_s": micro, "optimizer_step_s": optim, "step_time_s": step_time,
-            "tokens_per_s": tokens / step_time}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return {"status": "ok", "peak_allocated": int(allocated), "peak_reserved": int(reserved), "micro_step_s": micro_s,
+            "optimizer_step_s": optim_s, "step_time_s": step_time, "tokens_per_s": tokens / step_time}
 
 
 def main() -> int:

@@ -74,7 +74,7 @@ def test_deepspeed_candidate_is_probed_through_deepspeed(tiny_dir):
 
     cfg = Config(micro_batch=2, grad_accum=4, world_size=1, precision="bf16-mixed", checkpointing="none",
                  zero_stage=2, offload="optimizer")
-    context = ProbeContext(resolve_model(tiny_dir), 32, "adamw", "sdpa", "A100-80GB", 1)
+    context = ProbeContext(resolve_model(tiny_dir), 32, "adamw", "sdpa", "A100-80GB")
     result = Prober(device="cpu", timeout_s=600, use_cache=False)(context, cfg)
     assert result["status"] == "ok" and result["engine"] == "deepspeed", result
     assert result["step_time_s"] > 0 and result["peak_allocated"] > 0

@@ -125,25 +125,32 @@ def activation_precision(precision: str, zero_stage: int) -> str:
     return "bf16-mixed" if precision == "fp16-mixed" else precision
 
 
+def trace_request(resolved, *, micro_batch, seq_len, precision, checkpointing, zero_stage, attention,
+                  device) -> TraceRequest:
+    """The traced program for a configuration: the kernel the model really uses and the activation dtype its
+    engine keeps. The optimizer is SGD: states and temporaries are counted by formula, not traced."""
+    from planner.models.build import effective_attention
+
+    kernel = effective_attention(resolved.config, "eager" if attention == "eager" else "sdpa",
+                                 resolved.trust_remote_code)
+    return TraceRequest(
+        micro_batch=micro_batch, seq_len=seq_len, precision=activation_precision(precision, zero_stage),
+        optimizer="sgd", checkpointing=checkpointing, attention=kernel,
+        # GPU flash / mem-efficient kernels apply attention dropout inside the kernel and save no mask;
+        # CPU SDPA with dropout falls back to the math path, which does (reference.md)
+        attention_dropout=(device == "cpu" or kernel == "eager"), foreach=False,
+    )
+
+
 def activations(resolved, *, micro_batch, seq_len, precision, checkpointing, zero_stage, attention, device,
                 method) -> tuple[int, str]:
     """Activation bytes of one micro-batch and the method that produced them. The optimizer plays no part:
     traces step SGD so that no state is created, and optimizer states and temporaries are counted by formula.
     Traces run at this very micro-batch (two depths, extrapolated per block), so they are exact for it."""
-    from planner.models.build import effective_attention
-
     spec = resolved.spec
-    kernel = effective_attention(resolved.config, "eager" if attention == "eager" else "sdpa",
-                                 resolved.trust_remote_code)
-    act_precision = activation_precision(precision, zero_stage)
+    req = trace_request(resolved, micro_batch=micro_batch, seq_len=seq_len, precision=precision,
+                        checkpointing=checkpointing, zero_stage=zero_stage, attention=attention, device=device)
     if method in ("auto", "trace") and resolved.config is not None:
-        req = TraceRequest(
-            micro_batch=micro_batch, seq_len=seq_len, precision=act_precision, optimizer="sgd",
-            checkpointing=checkpointing, attention=kernel,
-            # GPU flash / mem-efficient kernels apply attention dropout inside the kernel and save no mask;
-            # CPU SDPA with dropout falls back to the math path, which does (reference.md)
-            attention_dropout=(device == "cpu" or kernel == "eager"), foreach=False,
-        )
         try:
             fit = trace_activations(resolved.config, spec.config_hash, spec.layers, req, resolved.trust_remote_code,
                                     batch_slope=False)
@@ -153,21 +160,17 @@ def activations(resolved, *, micro_batch, seq_len, precision, checkpointing, zer
                 raise InputError(f"tracing {spec.name} failed: {err}", flag="--model",
                                  hint="Use the analytic memory model (method='analytic').") from err
     terms = analytic.activation_bytes(
-        spec, micro_batch=micro_batch, seq_len=seq_len, precision=act_precision, attention=kernel,
-        checkpointing=checkpointing, autocast_copies=act_precision in ("fp16-mixed", "bf16-mixed"))
+        spec, micro_batch=micro_batch, seq_len=seq_len, precision=req.precision, attention=req.attention,
+        checkpointing=checkpointing, autocast_copies=req.precision in ("fp16-mixed", "bf16-mixed"))
     return sum(terms.values()), "analytic"
 
 
 def sequence_fit(resolved, *, micro_batch, seq_lens, precision, checkpointing, zero_stage, attention, device="cuda"):
     """Activations as a function of sequence length, fitted from three traces (see trace.SequenceFit)."""
     from planner.memory.trace import trace_sequence_fit
-    from planner.models.build import effective_attention
 
-    kernel = effective_attention(resolved.config, "eager" if attention == "eager" else "sdpa",
-                                 resolved.trust_remote_code)
-    req = TraceRequest(micro_batch=micro_batch, seq_len=seq_lens[-1], precision=activation_precision(precision, zero_stage),
-                       optimizer="sgd", checkpointing=checkpointing, attention=kernel,
-                       attention_dropout=(device == "cpu" or kernel == "eager"), foreach=False)
+    req = trace_request(resolved, micro_batch=micro_batch, seq_len=seq_lens[-1], precision=precision,
+                        checkpointing=checkpointing, zero_stage=zero_stage, attention=attention, device=device)
     spec = resolved.spec
     return trace_sequence_fit(resolved.config, spec.config_hash, spec.layers, req, tuple(seq_lens),
                               resolved.trust_remote_code)
