@@ -21,6 +21,7 @@ import transformers
 from planner.memory.estimate import estimate_memory
 from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
 from planner.memory.tracker import LiveStorageTracker
+from planner.vocab import PRECISION
 
 
 def small_configs() -> dict:
@@ -60,14 +61,14 @@ CASES = [  # model, micro_batch, seq, precision, optimizer, checkpointing, grad_
 
 def real_peak(config, micro_batch, seq, precision, optimizer, checkpointing, grad_accum) -> int:
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    dtype = torch.bfloat16 if PRECISION[precision].weight_bytes == 2 else torch.float32
     cls = getattr(transformers, config.architectures[0])
     model = cls._from_config(config, dtype=dtype)
     model.train()
     enable_checkpointing(model, checkpointing)
     opt = make_optimizer(model, optimizer)
     batch = make_batch(model, micro_batch, seq)
-    step_precision = "fp32" if precision == "bf16-true" else precision
+    autocast = PRECISION[precision].autocast
     for _ in range(2):  # warm-up step, then the measured one
         tracker = LiveStorageTracker()
         with tracker:
@@ -75,7 +76,7 @@ def real_peak(config, micro_batch, seq, precision, optimizer, checkpointing, gra
             tracker.track_all(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
             tracker.reset_peak()
             for _ in range(grad_accum):
-                micro_step(model, batch, step_precision)
+                micro_step(model, batch, autocast)
             opt.step()
             opt.zero_grad(set_to_none=True)
     return tracker.peak
@@ -94,7 +95,8 @@ def run(out: str | None) -> list[dict]:
         err = (est.peak - real) / real
         rows.append({"model": name, "micro_batch": mb, "seq_len": seq, "precision": prec, "optimizer": optim,
                      "checkpointing": ckpt, "grad_accum": n, "real_peak": real, "predicted_peak": est.peak,
-                     "error": err, "method": est.method, "real_s": round(t1 - t0, 2), "predict_s": round(time.time() - t1, 2)})
+                     "error": err, "method": est.method, "real_s": round(t1 - t0, 2),
+                     "predict_s": round(time.time() - t1, 2)})
         print(f"{name:12s} mb={mb:<2d} s={seq:<4d} {prec:10s} {optim:12s} {ckpt:9s} N={n}  real {real / 2**20:8.1f} MiB"
               f"  predicted {est.peak / 2**20:8.1f} MiB  error {err:+6.2%}  ({est.method})", flush=True)
     errors = [abs(r["error"]) for r in rows]

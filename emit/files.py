@@ -1,9 +1,15 @@
-"""Render a plan's files and write them atomically; refuse to overwrite unless forced."""
+"""Render a plan's files and write them atomically; refuse to overwrite unless forced.
+
+Only the files the plan's engine needs: ds_config.json for DeepSpeed plans, a hostfile for multi-node DeepSpeed,
+accelerate_config.yaml, training_args.json, plan.json (read back by `planner.load_plan`) and launch.sh always.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from planner.errors import InputError
+from planner.vocab import DEEPSPEED
 
 DS_CONFIG = "ds_config.json"
 ACCELERATE_CONFIG = "accelerate_config.yaml"
@@ -18,16 +25,78 @@ TRAINING_ARGS = "training_args.json"
 PLAN_JSON = "plan.json"
 LAUNCH = "launch.sh"
 HOSTFILE = "hostfile"
+#: Every name `emit` may write, for the overwrite check made before planning.
+ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, HOSTFILE)
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                       r"[A-Za-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
 class EmitOptions:
-    engine: str = "deepspeed"                # deepspeed | fsdp (for ZeRO plans)
     main_process_ip: str | None = None
     main_process_port: int = 29500
     machine_rank: int = 0
     hostnames: tuple[str, ...] = ()
     force: bool = False
+
+    def check(self, nodes: int, writes: bool = True) -> None:
+        """Raise InputError for options a `nodes`-node launch cannot use (the rank-0 address is needed only when
+        files are written)."""
+        if not 0 < self.main_process_port < 65536:
+            raise InputError(f"port {self.main_process_port} out of range", flag="--main-process-port",
+                             hint="Use a port from 1 to 65535.")
+        if not 0 <= self.machine_rank < nodes:
+            raise InputError(f"machine rank {self.machine_rank} with {nodes} node(s)", flag="--machine-rank",
+                             hint=f"Use a rank from 0 to {nodes - 1}.")
+        if self.main_process_ip is not None and not valid_host(self.main_process_ip):
+            raise InputError(f"{self.main_process_ip!r} is not an IP address or host name", flag="--main-process-ip")
+        if writes and nodes > 1 and not self.main_process_ip:
+            raise InputError(f"a {nodes}-node plan needs the address of machine rank 0", flag="--main-process-ip",
+                             hint="e.g. --main-process-ip 10.0.0.1 (the first node's address on the training network).")
+        bad = [h for h in self.hostnames if not valid_host(h)]
+        if bad:
+            raise InputError(f"{bad[0]!r} is not a host name", flag="--hostnames")
+        if self.hostnames and len(self.hostnames) != nodes:
+            raise InputError(f"{len(self.hostnames)} hostnames for {nodes} nodes", flag="--hostnames",
+                             hint="Give one hostname per node, comma-separated.")
+
+
+def valid_host(text: str) -> bool:
+    """An IP address, or a host name (RFC 1123; a name of digits only must be an IP address)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(text)) and not text.replace(".", "").isdigit()
+
+
+def check_destination(directory: str | os.PathLike, force: bool) -> Path:
+    """The emit folder, checked before any planning: it must be (or can become) a writable folder, and must not
+    hold files we would overwrite unless `force`. Raises InputError naming --emit."""
+    folder = Path(directory).expanduser()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder} exists and is not a folder", flag="--emit", hint="Choose a folder path.")
+    if existing is not None and not existing.is_dir():
+        raise InputError(f"{existing} is a file, so {folder} cannot be a folder", flag="--emit")
+    if existing is not None and not _writable(existing):
+        raise InputError(f"cannot write into {existing}", flag="--emit", hint="Choose a folder you can write to.")
+    clash = [name for name in ALL_FILES if (folder / name).exists()]
+    if clash and not force:
+        raise InputError(f"{folder} already has {', '.join(clash)}", flag="--emit",
+                         hint="Pass --force to overwrite them, or choose another folder.")
+    return folder
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in `folder` (tried, not inferred from permission bits, which root ignores)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trainplan-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def _json(data) -> str:
@@ -40,12 +109,12 @@ def _yaml(data) -> str:
 
 def render_files(plan, opts: EmitOptions, folder: str = ".") -> dict[str, str]:
     """File name -> contents, with the configs referring to each other inside `folder`. Pure."""
-    if opts.engine not in ("deepspeed", "fsdp"):
-        raise InputError(f"unknown engine {opts.engine!r}", flag="--engine", hint="Use deepspeed or fsdp.")
-    ds_path = f"{folder.rstrip('/')}/{DS_CONFIG}"
+    opts.check(plan.hardware.nodes)
+    base = folder.rstrip("/")
+    ds_path, host_path = f"{base}/{DS_CONFIG}", f"{base}/{HOSTFILE}"
+    deepspeed = plan.choice.config.engine == DEEPSPEED
     files = {
-        DS_CONFIG: _json(plan.to_deepspeed()),
-        ACCELERATE_CONFIG: _yaml(plan.to_accelerate(engine=opts.engine, ds_config_path=ds_path,
+        ACCELERATE_CONFIG: _yaml(plan.to_accelerate(ds_config_path=ds_path, hostfile_path=host_path,
                                                     main_process_ip=opts.main_process_ip,
                                                     main_process_port=opts.main_process_port,
                                                     machine_rank=opts.machine_rank)),
@@ -53,9 +122,11 @@ def render_files(plan, opts: EmitOptions, folder: str = ".") -> dict[str, str]:
         PLAN_JSON: _json({k: v for k, v in plan.to_json().items() if k != "files"}),
         LAUNCH: launch_script(plan),
     }
-    if plan.hardware.nodes > 1:
-        files[HOSTFILE] = hostfile(plan, opts.hostnames)
-    return files
+    if deepspeed:
+        files[DS_CONFIG] = _json(plan.to_deepspeed())
+        if plan.hardware.nodes > 1:
+            files[HOSTFILE] = hostfile(plan, opts.hostnames)
+    return dict(sorted(files.items()))
 
 
 def launch_script(plan) -> str:
@@ -65,14 +136,13 @@ def launch_script(plan) -> str:
         f"# trainplan: {cfg.label()}",
         "# usage: ./launch.sh train.py [script args...]"
         + ("   (run on every node with MACHINE_RANK=0..N-1)" if plan.hardware.nodes > 1 else ""),
+        "# in train.py: model = planner.load_plan(\"<this folder>/plan.json\").prepare(model)  (applies what the",
+        "# Trainer arguments cannot say); or run the shipped script: ./launch.sh -m probes.train --plan <this folder>",
         "set -euo pipefail",
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
     ]
     rank = ' --machine_rank "${MACHINE_RANK:-0}"' if plan.hardware.nodes > 1 else ""
     lines.append(f'exec accelerate launch --config_file "$here/{ACCELERATE_CONFIG}"{rank} "$@"')
-    if cfg.checkpointing == "selective":
-        lines.insert(3, "# selective checkpointing: call planner.memory.step.enable_checkpointing(model, 'selective') "
-                        "in train.py (the Trainer's flag is full checkpointing)")
     return "\n".join(lines) + "\n"
 
 
@@ -80,9 +150,6 @@ def hostfile(plan, hostnames: tuple[str, ...]) -> str:
     """DeepSpeed hostfile: one `host slots=N` line per node."""
     nodes = plan.hardware.nodes
     names = list(hostnames) or [f"node-{i}" for i in range(nodes)]
-    if len(names) != nodes:
-        raise InputError(f"{len(names)} hostnames for {nodes} nodes", flag="--hostnames",
-                         hint="Give one hostname per node, comma-separated.")
     head = [] if hostnames else ["# replace node-i with your hosts' names (or pass --hostnames)"]
     return "\n".join(head + [f"{h} slots={plan.hardware.gpus_per_node}" for h in names]) + "\n"
 
@@ -90,14 +157,8 @@ def hostfile(plan, hostnames: tuple[str, ...]) -> str:
 def emit(plan, directory: str | os.PathLike, opts: EmitOptions = EmitOptions()) -> list[str]:
     """Write the files into `directory`; returns their paths. Raises InputError before writing anything if a
     file exists and `opts.force` is False."""
-    folder = Path(directory).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{folder} exists and is not a folder", flag="--emit")
+    folder = check_destination(directory, opts.force)
     files = render_files(plan, opts, str(folder.resolve()))
-    clash = [name for name in files if (folder / name).exists()]
-    if clash and not opts.force:
-        raise InputError(f"{folder} already has {', '.join(clash)}", flag="--emit",
-                         hint="Pass --force to overwrite them, or choose another folder.")
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in files.items():
@@ -119,4 +180,4 @@ def _atomic_write(path: Path, text: str, executable: bool = False) -> None:
         raise
 
 
-__all__ = ["EmitOptions", "emit", "render_files"]
+__all__ = ["EmitOptions", "emit", "render_files", "check_destination", "valid_host", "ALL_FILES"]

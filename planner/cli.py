@@ -1,6 +1,7 @@
 """`plan` / `trainplan`: parse -> request -> planner.plan() -> render / emit / launch. Thin by design.
 
-Exit codes: 0 a plan was found; 1 nothing fits (with what would); 2 bad input (flag and fix).
+Exit codes: 0 a plan was found; 1 nothing fits (with what would); 2 bad input (flag and fix); 3 an internal error
+(a bug: please report it).
 """
 
 from __future__ import annotations
@@ -8,120 +9,220 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from planner.errors import NoFitError, TrainplanError
+from planner.errors import InputError, NoFitError, TrainplanError
+from planner.vocab import (
+    ATTENTION,
+    AUTO,
+    AUTO_METHOD,
+    CHECKPOINTING,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_SHARDING_ENGINE,
+    LR_SCALING,
+    MEMORY_METHOD,
+    OPTIMIZER,
+    PRECISION,
+    SDPA,
+    SHARDING_ENGINES,
+    choices_text,
+)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
+Opt = typer.Option
+
+# --- the flags (help texts read the vocabulary's tables)
+Model = Annotated[Optional[str], Opt("--model", "-m", help="Hub id, local folder with config.json, or a bundled preset.")]
+Batch = Annotated[Optional[int], Opt("--batch", "-b", help="Global batch size (samples per optimizer step).")]
+SeqLen = Annotated[Optional[int], Opt("--seq-len", help="Training sequence length (default: the model's, at most 2048).")]
+Gpu = Annotated[Optional[str], Opt("--gpu", help="GPU model, e.g. A100-80GB (default: detected, else the reference "
+                                                  "A100-80GB).")]
+GpusPerNode = Annotated[Optional[int], Opt("--gpus-per-node", help="GPUs per node (default: detected count, else 1).")]
+Nodes = Annotated[int, Opt("--nodes", help="Number of nodes.")]
+Optimizer = Annotated[str, Opt("--optimizer", help=choices_text(OPTIMIZER))]
+Precision = Annotated[str, Opt("--precision", help=choices_text({AUTO: None, **PRECISION}))]
+MicroBatch = Annotated[Optional[int], Opt("--micro-batch", help="Pin the micro-batch size.")]
+Checkpointing = Annotated[Optional[str], Opt("--checkpointing", help="Pin activation checkpointing: "
+                                                                      + choices_text(CHECKPOINTING))]
+ZeroStage = Annotated[Optional[int], Opt("--zero-stage", help="Pin the sharding stage (ZeRO numbering, 0-3).")]
+Attention = Annotated[str, Opt("--attention", help=choices_text(ATTENTION))]
+Engine = Annotated[str, Opt("--engine", help="Engine for sharded candidates: " + choices_text(SHARDING_ENGINES)
+                                              + " (FSDP2: stage 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).")]
+NoOffload = Annotated[bool, Opt("--no-offload", help="Never offload optimizer or parameters to the CPU.")]
+Headroom = Annotated[Optional[float], Opt("--headroom", help="Fraction of GPU memory kept free (default 0.05).")]
+Lr = Annotated[Optional[float], Opt("--lr", help="Base learning rate, tuned at --lr-batch.")]
+LrBatch = Annotated[Optional[int], Opt("--lr-batch", help="Batch the base LR was tuned at (default: micro-batch x "
+                                                          "GPUs).")]
+LrScaling = Annotated[str, Opt("--lr-scaling", help=choices_text(LR_SCALING))]
+MemoryMethod = Annotated[str, Opt("--memory-method", help=choices_text(MEMORY_METHOD))]
+TrustRemoteCode = Annotated[bool, Opt("--trust-remote-code", help="Allow the model's own code (auto_map) to run.")]
+AsJson = Annotated[bool, Opt("--json", help="Print the plan (or the error) as JSON.")]
+EmitDir = Annotated[Optional[Path], Opt("--emit", help="Write accelerate_config.yaml, training_args.json, plan.json, "
+                                                       "launch.sh (and ds_config.json, hostfile where needed) here.")]
+Force = Annotated[bool, Opt("--force", help="Overwrite files --emit would replace.")]
+MainIp = Annotated[Optional[str], Opt("--main-process-ip", help="Multi-node: address of machine rank 0 (required "
+                                                                "with --nodes > 1 when emitting).")]
+MainPort = Annotated[int, Opt("--main-process-port", help="Multi-node: rendezvous port.")]
+MachineRank = Annotated[int, Opt("--machine-rank", help="Multi-node: this machine's rank (0 to nodes - 1).")]
+Hostnames = Annotated[Optional[str], Opt("--hostnames", help="Multi-node: comma-separated hosts for the hostfile.")]
+Probe = Annotated[Optional[bool], Opt("--probe/--no-probe", help="Confirm the top candidates with short real steps "
+                                                                 "on the local GPU (default: on when CUDA is "
+                                                                 "available).")]
+ProbeBudget = Annotated[float, Opt("--probe-budget", help="Seconds of probing at most: a probe still running then "
+                                                          "is stopped.")]
+Launch = Annotated[bool, Opt("--launch", help="Run `accelerate launch` with the plan: plan ... --launch -- train.py "
+                                              "ARGS")]
+DryRun = Annotated[bool, Opt("--dry-run", help="With --launch: print the command instead of running it.")]
+ListModels = Annotated[bool, Opt("--list-models", help="List the bundled model presets and exit.")]
+ListGpus = Annotated[bool, Opt("--list-gpus", help="List the GPU catalog and exit.")]
 
 
-def _stderr():
-    from rich.console import Console
+@dataclass(frozen=True)
+class Flags:
+    """Every flag as typed, before validation."""
 
-    return Console(stderr=True, highlight=False)
+    model: str | None = None
+    batch: int | None = None
+    seq_len: int | None = None
+    gpu: str | None = None
+    gpus_per_node: int | None = None
+    nodes: int = 1
+    optimizer: str = DEFAULT_OPTIMIZER
+    precision: str = AUTO
+    micro_batch: int | None = None
+    checkpointing: str | None = None
+    zero_stage: int | None = None
+    attention: str = SDPA
+    engine: str = DEFAULT_SHARDING_ENGINE
+    no_offload: bool = False
+    headroom: float | None = None
+    lr: float | None = None
+    lr_batch: int | None = None
+    lr_scaling: str = AUTO
+    memory_method: str = AUTO_METHOD
+    trust_remote_code: bool = False
+    as_json: bool = False
+    emit_dir: Path | None = None
+    force: bool = False
+    main_process_ip: str | None = None
+    main_process_port: int = 29500
+    machine_rank: int = 0
+    hostnames: str | None = None
+    probe: bool | None = None
+    probe_budget: float = 60.0
+    launch: bool = False
+    dry_run: bool = False
+    list_models: bool = False
+    list_gpus: bool = False
 
 
-def _fail(err: TrainplanError) -> "typer.Exit":
-    _stderr().print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
-    return typer.Exit(err.exit_code)
+_D = Flags()
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def main_command(
-    ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Hub id, local folder with config.json, or a bundled preset."),
-    batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Global batch size (samples per optimizer step)."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Training sequence length (default: the model's, at most 2048)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model, e.g. A100-80GB (default: detected, else the reference A100-80GB)."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: detected count, else 1)."),
-    nodes: int = typer.Option(1, "--nodes", help="Number of nodes."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw | adam | sgd | sgd-momentum | adafactor | adamw-8bit | lion"),
-    precision: str = typer.Option("auto", "--precision", help="auto | fp32 | fp16-mixed | bf16-mixed | bf16-true"),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Pin the micro-batch size."),
-    checkpointing: Optional[str] = typer.Option(None, "--checkpointing", help="Pin activation checkpointing: none | selective | full."),
-    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="Pin the DeepSpeed ZeRO stage (0-3)."),
-    attention: str = typer.Option("sdpa", "--attention", help="eager | sdpa | flash"),
-    no_offload: bool = typer.Option(False, "--no-offload", help="Never offload optimizer or parameters to the CPU."),
-    headroom: Optional[float] = typer.Option(None, "--headroom", help="Fraction of GPU memory kept free (default 0.05)."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Base learning rate, tuned at --lr-batch."),
-    lr_batch: Optional[int] = typer.Option(None, "--lr-batch", help="Batch the base LR was tuned at (default: micro-batch x GPUs)."),
-    lr_scaling: str = typer.Option("auto", "--lr-scaling", help="auto (sqrt for Adam, linear for SGD) | sqrt | linear | none"),
-    memory_method: str = typer.Option("auto", "--memory-method", help="auto | trace | analytic"),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own code (auto_map) to run."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write ds_config.json, accelerate_config.yaml, training_args.json, plan.json, launch.sh here."),
-    force: bool = typer.Option(False, "--force", help="Overwrite files --emit would replace."),
-    engine: str = typer.Option("deepspeed", "--engine", help="For ZeRO plans: deepspeed | fsdp (FULL_SHARD for ZeRO-3, SHARD_GRAD_OP for ZeRO-2)."),
-    main_process_ip: Optional[str] = typer.Option(None, "--main-process-ip", help="Multi-node: address of machine rank 0."),
-    main_process_port: int = typer.Option(29500, "--main-process-port", help="Multi-node: rendezvous port."),
-    machine_rank: int = typer.Option(0, "--machine-rank", help="Multi-node: this machine's rank."),
-    hostnames: Optional[str] = typer.Option(None, "--hostnames", help="Multi-node: comma-separated hosts for the DeepSpeed hostfile."),
-    probe: Optional[bool] = typer.Option(None, "--probe/--no-probe", help="Confirm the top candidates with short real steps on the local GPU (default: on when CUDA is available)."),
-    probe_budget: float = typer.Option(60.0, "--probe-budget", help="Seconds of probing at most."),
-    launch: bool = typer.Option(False, "--launch", help="Run `accelerate launch` with the plan: plan ... --launch -- train.py ARGS"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="With --launch: print the command instead of running it."),
-    list_models: bool = typer.Option(False, "--list-models", help="List the bundled model presets and exit."),
-    list_gpus: bool = typer.Option(False, "--list-gpus", help="List the GPU catalog and exit."),
+    ctx: typer.Context, model: Model = None, batch: Batch = None, seq_len: SeqLen = None, gpu: Gpu = None,
+    gpus_per_node: GpusPerNode = None, nodes: Nodes = _D.nodes, optimizer: Optimizer = _D.optimizer,
+    precision: Precision = _D.precision, micro_batch: MicroBatch = None, checkpointing: Checkpointing = None,
+    zero_stage: ZeroStage = None, attention: Attention = _D.attention, engine: Engine = _D.engine,
+    no_offload: NoOffload = False, headroom: Headroom = None, lr: Lr = None, lr_batch: LrBatch = None,
+    lr_scaling: LrScaling = _D.lr_scaling, memory_method: MemoryMethod = _D.memory_method,
+    trust_remote_code: TrustRemoteCode = False, as_json: AsJson = False, emit_dir: EmitDir = None, force: Force = False,
+    main_process_ip: MainIp = None, main_process_port: MainPort = _D.main_process_port,
+    machine_rank: MachineRank = _D.machine_rank, hostnames: Hostnames = None, probe: Probe = None,
+    probe_budget: ProbeBudget = _D.probe_budget, launch: Launch = False, dry_run: DryRun = False,
+    list_models: ListModels = False, list_gpus: ListGpus = False,
 ) -> None:
     """Plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest."""
+    flags = Flags(**{k: v for k, v in locals().items() if k != "ctx"})
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    if list_models or list_gpus:
-        _listing(list_models, as_json)
-        return
-    if ctx.args and not launch:
-        raise _fail(TrainplanError(f"unexpected arguments: {' '.join(ctx.args)}",
-                                   hint="Arguments after -- are for the training script: add --launch."))
-    from planner.errors import InputError
-    from planner.request import build_request
-
     try:
-        if model is None:
-            raise InputError("is required", flag="--model", hint="e.g. --model bigscience/bloom-560m")
-        if batch is None:
-            raise InputError("is required", flag="--batch", hint="the global batch in samples, e.g. --batch 256")
-        request = build_request(
-            model=model, global_batch=batch, seq_len=seq_len, gpu=gpu, gpus_per_node=gpus_per_node, nodes=nodes,
-            optimizer=optimizer, precision=precision, micro_batch=micro_batch, checkpointing=checkpointing,
-            zero_stage=zero_stage, attention=attention, offload=not no_offload, headroom=headroom, lr=lr,
-            lr_batch=lr_batch, lr_scaling=lr_scaling, memory_method=memory_method, trust_remote_code=trust_remote_code)
-        options = _emit_options(engine, main_process_ip, main_process_port, machine_rank, hostnames, force)
-        result = _run_plan(request, _prober(probe, probe_budget, gpu), probe_budget)
-        if launch and emit_dir is None:
-            import tempfile
-
-            emit_dir = Path(tempfile.mkdtemp(prefix="trainplan-"))
-        if emit_dir is not None:
-            from emit import emit
-
-            result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
-        command = _launch_command(emit_dir, ctx.args) if launch else None
+        _run(flags, list(ctx.args))
     except NoFitError as err:
-        _report_no_fit(err, as_json)
+        _report_no_fit(err, flags.as_json)
         raise typer.Exit(1) from None
     except TrainplanError as err:
-        raise _fail(err) from None
-    _print_plan(result, as_json)
+        _report_error(err, flags.as_json)
+        raise typer.Exit(err.exit_code) from None
+
+
+def _run(flags: Flags, script_args: list[str]) -> None:
+    if flags.list_models or flags.list_gpus:
+        _check_listing(flags, script_args)
+        _listing(flags.list_models, flags.as_json)
+        return
+    _check_launch(flags, script_args)
+    request = _request(flags)
+    options = _emit_options(flags, request.nodes)
+    emit_dir = flags.emit_dir
+    if emit_dir is not None:
+        from emit import check_destination
+
+        check_destination(emit_dir, flags.force)
+    result = _run_plan(request, _prober(flags.probe, flags.probe_budget, flags.gpu), flags.probe_budget)
+    if flags.launch and emit_dir is None:
+        import tempfile
+
+        emit_dir = Path(tempfile.mkdtemp(prefix="trainplan-"))
+    if emit_dir is not None:
+        from emit import emit
+
+        result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
+    command = _launch_command(emit_dir, script_args) if flags.launch else None
+    _print_plan(result, flags.as_json)
     if command is not None:
-        _launch(command, dry_run)
+        _launch(command, flags.dry_run)
 
 
-def _emit_options(engine, ip, port, rank, hostnames, force):
+def _check_listing(flags: Flags, script_args: list[str]) -> None:
+    """--list-models / --list-gpus take no planning flags: a flag given with them is a mistake to report."""
+    allowed = {"list_models", "list_gpus", "as_json"}
+    given = [name for name, value in asdict(flags).items() if name not in allowed and value != getattr(_D, name)]
+    if given or script_args:
+        name = given[0] if given else "arguments after --"
+        which = "--list-models" if flags.list_models else "--list-gpus"
+        raise InputError(f"cannot be combined with --{name.replace('_', '-')}" if given else
+                         f"cannot be combined with {name}", flag=which, hint="List first, then plan.")
+
+
+def _check_launch(flags: Flags, script_args: list[str]) -> None:
+    if script_args and not flags.launch:
+        raise InputError(f"unexpected arguments: {' '.join(script_args)}", flag="--launch",
+                         hint="Arguments after -- are for the training script: add --launch.")
+    if flags.dry_run and not flags.launch:
+        raise InputError("--dry-run only applies to --launch", flag="--dry-run",
+                         hint="Add --launch -- train.py ARGS, or drop --dry-run.")
+    if flags.model is None:
+        raise InputError("is required", flag="--model", hint="e.g. --model bigscience/bloom-560m")
+    if flags.batch is None:
+        raise InputError("is required", flag="--batch", hint="the global batch in samples, e.g. --batch 256")
+
+
+def _request(flags: Flags):
+    from planner.request import build_request
+
+    return build_request(
+        model=flags.model, global_batch=flags.batch, seq_len=flags.seq_len, gpu=flags.gpu,
+        gpus_per_node=flags.gpus_per_node, nodes=flags.nodes, optimizer=flags.optimizer, precision=flags.precision,
+        micro_batch=flags.micro_batch, checkpointing=flags.checkpointing, zero_stage=flags.zero_stage,
+        attention=flags.attention, offload=not flags.no_offload, headroom=flags.headroom, lr=flags.lr,
+        lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling, memory_method=flags.memory_method,
+        engine=flags.engine, trust_remote_code=flags.trust_remote_code)
+
+
+def _emit_options(flags: Flags, nodes: int):
     from emit import EmitOptions
-    from planner.errors import InputError
 
-    if engine not in ("deepspeed", "fsdp"):
-        raise InputError(f"unknown engine {engine!r}", flag="--engine", hint="Use deepspeed or fsdp.")
-    if not 0 < port < 65536:
-        raise InputError(f"port {port} out of range", flag="--main-process-port")
-    if rank < 0:
-        raise InputError("must be >= 0", flag="--machine-rank")
-    hosts = tuple(h.strip() for h in hostnames.split(",") if h.strip()) if hostnames else ()
-    return EmitOptions(engine=engine, main_process_ip=ip, main_process_port=port, machine_rank=rank,
-                       hostnames=hosts, force=force)
+    hosts = tuple(h.strip() for h in flags.hostnames.split(",") if h.strip()) if flags.hostnames else ()
+    options = EmitOptions(main_process_ip=flags.main_process_ip, main_process_port=flags.main_process_port,
+                          machine_rank=flags.machine_rank, hostnames=hosts, force=flags.force)
+    options.check(nodes, writes=flags.emit_dir is not None or flags.launch)
+    return options
 
 
 def _launch_command(folder: Path, script_args: list[str]) -> list[str]:
@@ -145,11 +246,9 @@ def _launch(command: list[str], dry_run: bool) -> None:
 
 def _prober(probe: bool | None, budget: float, gpu: str | None):
     """The probes' `measure` callable, or None: only with a local CUDA GPU, and only for that GPU."""
-    from planner.errors import InputError
-
     if probe is False:
         return None
-    if budget <= 0:
+    if not budget > 0:
         raise InputError("must be a positive number of seconds", flag="--probe-budget")
     from probes import Prober, cuda_available
 
@@ -182,6 +281,12 @@ def _run_plan(request, measure=None, probe_budget: float = 60.0):
                     progress=lambda label: status.update(f"probing {label}"), **kwargs)
 
 
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
 def _print_plan(result, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
@@ -193,10 +298,18 @@ def _print_plan(result, as_json: bool) -> None:
     render_plan(result, Console(highlight=False))
 
 
+def _report_error(err: TrainplanError, as_json: bool) -> None:
+    if as_json:
+        data = {"error": err.message, "flag": err.flag, "hint": err.hint, "exit_code": err.exit_code}
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    _stderr().print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+
+
 def _report_no_fit(err: NoFitError, as_json: bool) -> None:
     if as_json:
         data = err.plan.to_json() if err.plan is not None else {}
-        data.update(error=err.message, suggestions=err.suggestions)
+        data.update(error=err.message, suggestions=err.suggestions, exit_code=err.exit_code)
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
     from planner.render import render_no_fit
@@ -224,9 +337,18 @@ def _listing(models: bool, as_json: bool) -> None:
         return
     table = Table(*headers)
     for row in rows:
-        table.add_row(*(", ".join(v) if isinstance(v, list) else f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
-                        for v in row.values()))
+        table.add_row(*(_cell(v) for v in row.values()))
     Console().print(table)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, list):
+        return ", ".join(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
 
 
 def main() -> None:

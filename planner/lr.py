@@ -11,14 +11,12 @@ import math
 from dataclasses import dataclass
 
 from planner.errors import InputError
+from planner.vocab import AUTO, LR_SCALING, OPTIMIZER
 
-SCALINGS = ("auto", "sqrt", "linear", "none")
 #: Scale factors above this get a warmup suggestion (Goyal et al. used 5 epochs of warmup at k = 32).
 WARMUP_SUGGESTION_FACTOR = 4.0
 #: Warmup steps suggested: a fraction of a typical run, at least this many optimizer steps.
 WARMUP_STEPS_PER_FACTOR = 100
-
-_SGD_FAMILY = ("sgd", "sgd-momentum")
 
 
 @dataclass(frozen=True)
@@ -33,11 +31,11 @@ class LRDecision:
 
 
 def resolve_rule(scaling: str, optimizer: str) -> str:
-    if scaling not in SCALINGS:
-        raise InputError(f"unknown LR scaling {scaling!r}", flag="--lr-scaling", hint=f"Use one of {', '.join(SCALINGS)}.")
-    if scaling != "auto":
-        return scaling
-    return "linear" if optimizer in _SGD_FAMILY else "sqrt"
+    """The rule `scaling` names; `auto` is the optimizer's own (`OptimizerInfo.lr_rule`)."""
+    if scaling not in LR_SCALING:
+        raise InputError(f"unknown LR scaling {scaling!r}", flag="--lr-scaling",
+                         hint=f"Use one of {', '.join(LR_SCALING)}.")
+    return OPTIMIZER[optimizer].lr_rule if scaling == AUTO else scaling
 
 
 def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, scaling: str, optimizer: str,
@@ -48,7 +46,7 @@ def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, sca
         raise InputError("the reference batch must be a positive integer", flag="--lr-batch")
     rule = resolve_rule(scaling, optimizer)
     k = global_batch / reference_batch
-    factor = {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]
+    factor = LR_SCALING[rule].factor(k)
     notes = []
     warmup = 0
     if factor >= WARMUP_SUGGESTION_FACTOR:

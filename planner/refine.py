@@ -1,10 +1,10 @@
 """Guided refinement with measurements: confirm the model's choice with few probes, calibrate, re-rank.
 
-`measure(context, config) -> dict` (status ok | oom | timeout | error | skipped, peak_allocated, peak_reserved,
-step_time_s, tokens_per_s) is supplied by the caller (the CLI passes probes.Prober). Per family (precision,
-checkpointing, ZeRO, offload) we start at the model's largest fitting micro-batch and move down on OOM, up
-when the calibrated model says the next one fits: at most `MAX_PROBES_PER_FAMILY` probes, where power-of-two
-or binary-search finders need 8-25 trials. The best measured candidate wins.
+`measure(context, config, timeout_s) -> Measurement` is supplied by the caller (the CLI passes probes.Prober).
+Per family (`Config.family()`: the configuration apart from its micro-batch split) we start at the model's largest
+fitting micro-batch and move down on OOM, up when the calibrated model says the next one fits: at most
+`MAX_PROBES_PER_FAMILY` probes, where power-of-two or binary-search finders need 8-25 trials. The best measured
+candidate wins. The probe budget is a hard limit: each probe gets at most the time left, and is stopped there.
 """
 
 from __future__ import annotations
@@ -13,72 +13,89 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.types import Candidate, ThroughputInfo
+from planner.config import Config
+from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, ThroughputInfo
+from planner.vocab import OK, OOM
 
 MAX_PROBES_PER_FAMILY = 3
 FAMILIES_PROBED = 3
 DEFAULT_PROBE_BUDGET_S = 60.0
+#: A probe is not started with less time than this left: it could not finish.
+MIN_PROBE_S = 5.0
 
 
 @dataclass(frozen=True)
 class ProbeContext:
+    """What a measurement needs besides the candidate: the model, the workload and the draft plan."""
+
     resolved: object
     seq_len: int
     optimizer: str
     attention: str
     gpu_name: str
+    plan: object = None
 
 
-def _family(cfg) -> tuple:
-    return cfg.precision, cfg.checkpointing, cfg.zero_stage, cfg.offload
+class _Clock:
+    """The probe budget's deadline."""
+
+    def __init__(self, budget_s: float):
+        self.deadline = time.monotonic() + budget_s
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 def refine_with_measurements(plan, measure: Callable, resolved, *, budget_s: float = DEFAULT_PROBE_BUDGET_S,
                              progress: Callable | None = None):
-    context = ProbeContext(resolved, plan.seq_len, plan.optimizer, plan.attention, plan.hardware.gpu)
-    deadline = time.monotonic() + budget_s
-    by_family: dict[tuple, list[Candidate]] = {}
-    for c in plan.candidates:
-        if c.memory is not None:
-            by_family.setdefault(_family(c.config), []).append(c)
-    fitting_families, kinds = [], set()
-    for cand in plan.candidates:
-        family, kind = _family(cand.config), cand.config.kind()
-        if cand.fits and kind not in kinds:  # fp16 and bf16 autocast measure alike: probe the faster-ranked one
-            kinds.add(kind)
-            fitting_families.append(family)
+    context = ProbeContext(resolved, plan.seq_len, plan.optimizer, plan.attention, plan.hardware.gpu, plan)
+    clock = _Clock(budget_s)
     records, measured = [], {}
-    for family in fitting_families[:FAMILIES_PROBED]:
-        members = sorted(by_family[family], key=lambda c: c.config.micro_batch)
-        for cand, result in _walk_family(members, measure, context, plan.hardware.budget_bytes, deadline, progress):
+    for members in _families(plan)[:FAMILIES_PROBED]:
+        for cand, result in _walk_family(members, measure, context, plan.hardware.budget_bytes, clock, progress):
             records.append(_record(cand, result))
             measured[cand.config] = (cand, result)
-        if time.monotonic() > deadline:
+        if clock.left() < MIN_PROBE_S:
             break
     return _rerank(plan, measured, records)
 
 
-def _walk_family(members, measure, context, budget, deadline, progress):
+def _families(plan) -> list[list[Candidate]]:
+    """Per family with a fitting candidate, in rank order: its members of the lead's precision, by micro-batch
+    (fp16 and bf16 autocast measure alike, so the faster-ranked one stands for both)."""
+    leads: dict[tuple, Candidate] = {}
+    for cand in plan.candidates:
+        if cand.fits and cand.memory is not None:
+            leads.setdefault(cand.config.family(), cand)
+    out = []
+    for family, lead in leads.items():
+        members = [c for c in plan.candidates if c.memory is not None and c.config.family() == family
+                   and c.config.precision == lead.config.precision]
+        out.append(sorted(members, key=lambda c: c.config.micro_batch))
+    return out
+
+
+def _walk_family(members, measure, context, budget, clock: _Clock, progress):
     """Yield (candidate, result) for the probes of one family."""
     fitting = [i for i, c in enumerate(members) if c.fits]
     if not fitting:
         return
     index, tried, direction = fitting[-1], set(), 0
     while len(tried) < MAX_PROBES_PER_FAMILY and 0 <= index < len(members) and index not in tried:
-        if time.monotonic() > deadline:
+        if clock.left() < MIN_PROBE_S:
             return
         cand = members[index]
         tried.add(index)
         if progress:
             progress(cand.config.label())
-        result = measure(context, cand.config)
+        result = measure(context, cand.config, clock.left())
         yield cand, result
-        if result.get("status") == "oom" or (result.get("status") == "ok" and _measured_peak(result, cand) > budget):
+        if result.status == OOM or (result.status == OK and _measured_peak(result, cand) > budget):
             if direction > 0:
                 return
             index, direction = index - 1, -1
-        elif result.get("status") == "ok" and direction >= 0 and index + 1 < len(members):
-            ratio = result["peak_allocated"] / max(cand.memory.peak_allocated, 1)
+        elif result.status == OK and direction >= 0 and index + 1 < len(members):
+            ratio = result.peak_allocated / max(cand.memory.peak_allocated, 1)
             nxt = members[index + 1]
             if nxt.memory.peak_allocated * ratio + (nxt.memory.peak - nxt.memory.peak_allocated) <= budget:
                 index, direction = index + 1, 1
@@ -88,102 +105,95 @@ def _walk_family(members, measure, context, budget, deadline, progress):
             return
 
 
-def _measured_peak(result: dict, cand: Candidate) -> int:
-    """What the process needs on the card: the allocator's measured reservation plus what the model says lives
-    outside it (CUDA context, NCCL buffers): the predicted peak less what the allocator holds."""
-    mem = cand.memory
-    outside = mem.peak - mem.peak_allocated - mem.terms.get("allocator_fragmentation", 0)
-    return int(result["peak_reserved"]) + outside
+def _measured_peak(result: Measurement, cand: Candidate) -> int:
+    """What the process needs on the card: the allocator's measured reservation plus what lives outside it (CUDA
+    context, NCCL buffers), as the model says."""
+    return result.peak_reserved + cand.memory.terms.outside_allocator
 
 
-def _record(cand: Candidate, result: dict) -> dict:
-    out = {"config": cand.config.label(), "micro_batch": cand.config.micro_batch, "status": result.get("status"),
-           "predicted_peak_allocated": cand.memory.peak_allocated if cand.memory else None,
-           "predicted_tokens_per_s": cand.throughput.tokens_per_s if cand.throughput else None}
-    for key in ("peak_allocated", "peak_reserved", "tokens_per_s", "step_time_s", "cached", "seconds", "reason", "error"):
-        if key in result:
-            out[key] = result[key]
-    return out
+def _record(cand: Candidate, result: Measurement) -> ProbeRecord:
+    return ProbeRecord(config=cand.config.label(), micro_batch=cand.config.micro_batch,
+                       predicted_peak_allocated=cand.memory.peak_allocated if cand.memory else None,
+                       predicted_tokens_per_s=cand.throughput.tokens_per_s if cand.throughput else None,
+                       measurement=result)
 
 
-def calibration_from(measured: dict) -> dict[tuple, dict]:
+def calibration_from(measured: dict) -> dict[tuple, FamilyCalibration]:
     """Per family: measured/predicted activations, and the allocator's measured slack per activation byte."""
-    out: dict[tuple, dict] = {}
+    ratios: dict[tuple, list[tuple[float, float]]] = {}
     for cand, result in measured.values():
-        if result.get("status") != "ok" or cand.memory is None or cand.memory.activations <= 0:
+        if result.status != OK or cand.memory is None or cand.memory.activations <= 0:
             continue
         mem = cand.memory
         fixed = mem.peak_allocated - mem.activations  # states and allocated overheads, as predicted
-        act = max(1, int(result["peak_allocated"]) - fixed)
-        slack = max(0, int(result["peak_reserved"]) - int(result["peak_allocated"]))
-        entry = out.setdefault(_family(cand.config), {"activation_ratio": [], "fragmentation": []})
-        entry["activation_ratio"].append(act / mem.activations)
-        entry["fragmentation"].append(slack / act)
-    return {fam: {k: max(v) for k, v in entry.items()} for fam, entry in out.items()}  # the cautious side
+        act = max(1, result.peak_allocated - fixed)
+        slack = max(0, result.peak_reserved - result.peak_allocated)
+        ratios.setdefault(cand.config.family(), []).append((act / mem.activations, slack / act))
+    return {fam: FamilyCalibration(activation_ratio=max(r for r, _ in pairs), allocator_slack=max(s for _, s in pairs))
+            for fam, pairs in ratios.items()}  # the cautious side
 
 
-def _calibrated(cand: Candidate, calib: dict, budget: int) -> Candidate:
-    """An unprobed candidate of a probed family, its activation and fragmentation terms corrected."""
+def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candidate:
+    """An unprobed candidate of a probed family, its activation and allocator-slack terms corrected."""
     mem = cand.memory
-    act = int(mem.activations * calib["activation_ratio"])
-    frag = int(act * calib["fragmentation"])
-    old_frag = mem.terms.get("allocator_fragmentation", 0)
+    act = int(mem.activations * calib.activation_ratio)
+    slack = int(act * calib.allocator_slack)
     peak_allocated = mem.peak_allocated + act - mem.activations
-    peak = mem.peak + (act - mem.activations) + (frag - old_frag)
+    peak = mem.peak + (act - mem.activations) + (slack - mem.terms.allocator_slack)
     memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
                                     "method": "probe-calibrated",
-                                    "terms": {**mem.terms, "allocator_fragmentation": frag}})
+                                    "terms": mem.terms.model_copy(update={"allocator_slack": slack})})
     fits = peak <= budget
     reason = (f"fits (calibrated by probes): peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB" if fits else
-              f"OOM by {(peak - budget) / 2**30:.1f} GiB (calibrated by probes): peak {peak / 2**30:.1f} GiB")
+              f"estimated peak {peak / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB (calibrated by probes)")
     return cand.model_copy(update={"memory": memory, "fits": fits, "reason": reason})
 
 
-def _rerank(plan, measured: dict, records: list[dict]):
+def _rerank(plan, measured: dict, records: list[ProbeRecord]):
     budget = plan.hardware.budget_bytes
     calibration = calibration_from(measured)
     updated = []
     for cand in plan.candidates:
         entry = measured.get(cand.config)
+        family = cand.config.family()
         if entry:
             updated.append(_apply(cand, entry[1], budget))
-        elif cand.memory is not None and _family(cand.config) in calibration and cand.memory.activations > 0:
-            updated.append(_calibrated(cand, calibration[_family(cand.config)], budget))
+        elif cand.memory is not None and family in calibration and cand.memory.activations > 0:
+            updated.append(_calibrated(cand, calibration[family], budget))
         else:
             updated.append(cand)
-    probed_ok = [c for c in updated if c.throughput and c.throughput.source.startswith("probe") and c.fits]
+    probed_ok = [c for c in updated if c.throughput and c.throughput.source != "model" and c.fits]
     rest = [c for c in updated if c not in probed_ok]
     probed_ok.sort(key=lambda c: -c.throughput.tokens_per_s)
     ranked = probed_ok + [c for c in rest if c.fits] + [c for c in rest if not c.fits]
-    spent = sum(r.get("seconds", 0.0) for r in records)
-    cached = sum(1 for r in records if r.get("cached"))
+    spent = sum(r.measurement.seconds for r in records)
+    cached = sum(1 for r in records if r.measurement.cached)
     note = (f"Probes: {len(records)} run ({cached} from cache) in {spent:.0f} s; "
             f"{len(probed_ok)} confirmed by measurement.")
-    table = {" / ".join(str(x) for x in fam): {k: round(v, 4) for k, v in c.items()} for fam, c in calibration.items()}
+    table = {Config.family_text(fam): c for fam, c in calibration.items()}
     return plan.model_copy(update={"choice": ranked[0], "candidates": tuple(ranked), "probes": tuple(records),
                                    "calibration": table, "notes": plan.notes + (note,)})
 
 
-def _apply(cand: Candidate, result: dict, budget: int) -> Candidate:
-    status = result.get("status")
-    if status == "oom":
+def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
+    if result.status == OOM:
         return cand.model_copy(update={"fits": False, "reason": "OOM in a probe (measured)"})
-    if status != "ok":
+    if result.status != OK:
         return cand
-    world = cand.config.world_size
     mem = cand.memory
     peak = _measured_peak(result, cand)
-    memory = mem.model_copy(update={"peak_allocated": int(result["peak_allocated"]), "peak": peak, "method": "probe",
-                                    "terms": {**mem.terms, "allocator_fragmentation":
-                                              int(result["peak_reserved"]) - int(result["peak_allocated"])}})
-    model_tp = cand.throughput
-    compute_s = result["step_time_s"]
-    step_s = compute_s + (model_tp.parts.get("communication", 0.0) + model_tp.parts.get("offload", 0.0))
-    samples = cand.config.micro_batch * cand.config.grad_accum * world
-    tokens_per_step = result["tokens_per_s"] * compute_s * world
-    throughput = ThroughputInfo(tokens_per_s=tokens_per_step / step_s, samples_per_s=samples / step_s,
+    memory = mem.model_copy(update={"peak_allocated": result.peak_allocated, "peak": peak, "method": "probe",
+                                    "terms": mem.terms.model_copy(
+                                        update={"allocator_slack": result.peak_reserved - result.peak_allocated})})
+    cfg, model_tp = cand.config, cand.throughput
+    step_s, source = result.step_time_s, "probe"
+    if result.processes < cfg.world_size:  # ranks measured alone: add what they did not do, the communication
+        step_s += model_tp.parts.communication
+        source = "probe+model"
+    tokens_per_step = result.tokens_per_s * result.step_time_s * cfg.world_size  # every rank alike
+    throughput = ThroughputInfo(tokens_per_s=tokens_per_step / step_s, samples_per_s=cfg.global_batch / step_s,
                                 mfu=model_tp.mfu * (model_tp.step_time_s / step_s), step_time_s=step_s,
-                                source="probe" if world == 1 else "probe+model", parts={"measured": compute_s})
+                                source=source)
     fits = peak <= budget
     reason = (f"measured: peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB budget" if fits
               else f"OOM by measurement: peak {peak / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB")

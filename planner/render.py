@@ -7,6 +7,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from planner.vocab import ESTIMATE
+
 GiB = 2**30
 _PARTS = (("parameters", "params", "cyan"), ("gradients", "grads", "magenta"),
           ("optimizer_states", "optim", "yellow"), ("activations", "activ", "green"), ("overhead", "other", "red"))
@@ -51,15 +53,15 @@ def summary(plan) -> Panel:
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg, tp = c.config, c.throughput
     lines = [
-        f"[bold]{m['name']}[/]  {m['parameters'] / 1e9:.3g}B params, {m['layers']} layers, hidden {m['hidden']}, "
-        f"vocab {m['vocab']}, seq {plan.seq_len}",
+        f"[bold]{m.name}[/]  {m.parameters / 1e9:.3g}B params, {m.layers} layers, hidden {m.hidden}, "
+        f"vocab {m.vocab}, seq {plan.seq_len}",
         f"[bold]{h.nodes} x {h.gpus_per_node} x {h.gpu}[/] ({gib(h.gpu_memory_bytes)} each"
         f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom)",
         "",
         f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
         f"{cfg.global_batch}[/]",
         f"precision [bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], "
-        f"{'ZeRO-' + str(cfg.zero_stage) if cfg.zero_stage else 'no ZeRO'}, offload [bold]{cfg.offload}[/]",
+        f"{cfg.parallelism_label()}, offload [bold]{cfg.offload}[/]",
         f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
         f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
     ]
@@ -79,13 +81,13 @@ def alternatives(plan, limit: int = 5) -> Table:
     for col in ("config", "tokens/s", "peak", "why not chosen"):
         table.add_column(col)
     best = plan.choice.throughput.tokens_per_s
-    shown, seen = 0, {plan.choice.config.kind()}
+    shown, seen = 0, {plan.choice.config.family()}
     for c in plan.candidates[1:]:
         if not c.fits:
             break
-        if c.config.kind() in seen:  # one row per kind of configuration, its best micro-batch
+        if c.config.family() in seen:  # one row per kind of configuration, its best micro-batch
             continue
-        seen.add(c.config.kind())
+        seen.add(c.config.family())
         slower = 1 - c.throughput.tokens_per_s / best
         why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more moving parts"
         table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), gib(c.memory.peak), why)
@@ -106,7 +108,7 @@ def rejected(plan, limit: int = 6) -> Table:
     for c in plan.candidates:
         if c.fits or not c.throughput or c.throughput.tokens_per_s <= best:
             continue
-        kind = c.config.kind()
+        kind = c.config.family()
         if kind not in nearest or _needed_bytes(c) < _needed_bytes(nearest[kind]):
             nearest[kind] = c
     for c in sorted(nearest.values(), key=lambda c: -c.throughput.tokens_per_s)[:limit]:
@@ -118,11 +120,12 @@ def rejected(plan, limit: int = 6) -> Table:
 
 
 def _needed_bytes(candidate) -> tuple:
-    """Sort key for "closest to fitting": estimates before bounds (a bound understates), then the peak."""
+    """Sort key for "closest to fitting": computed peaks before screens and bounds (they understate), then the
+    peak."""
     mem = candidate.memory
     if mem is None:
         return (2, float("inf"), candidate.config.micro_batch)
-    return (1 if mem.method == "analytic-lower-bound" else 0, mem.peak, candidate.config.micro_batch)
+    return (1 if ESTIMATE[mem.method].understated else 0, mem.peak, candidate.config.micro_batch)
 
 
 

@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from planner.errors import InputError
+from planner.vocab import (
+    AUTO,
+    AUTO_METHOD,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_SHARDING_ENGINE,
+    PRECISION,
+    SDPA,
+    Attention,
+    Checkpointing,
+    LRScaling,
+    MemoryMethod,
+    Optimizer,
+    ShardingEngine,
+)
 
-Precision = Literal["auto", "fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]
-Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "lion"]
+
+@dataclass(frozen=True)
+class Limits:
+    """Sane upper bounds on sizes: beyond them a value is a typo, and planning it would take forever (the number of
+    micro-batch splits grows with the batch's divisors; a 10^15 batch would be centuries per step)."""
+
+    batch: int = 2**24              # 16.7M samples per optimizer step (real LLM batches are 10^3-10^4 samples)
+    gpus_per_node: int = 128        # the largest NVLink domains (e.g. 72-GPU racks) fit
+    nodes: int = 16_384
+    world_size: int = 2**17         # 131,072 GPUs in all
+    seq_len: int = 2**21            # 2M tokens
+    lr_batch: int = 2**24
+
+
+LIMITS = Limits()
 
 #: pydantic field -> the flag a user types, for error messages
 FLAGS = {"global_batch": "--batch", "lr_batch": "--lr-batch", "memory_method": "--memory-method"}
@@ -21,23 +49,24 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(min_length=1, description="hub id, local folder with config.json, or preset")
-    global_batch: int = Field(gt=0, description="global batch size in samples")
-    seq_len: int | None = Field(default=None, gt=0)
+    global_batch: int = Field(gt=0, le=LIMITS.batch, description="global batch size in samples")
+    seq_len: int | None = Field(default=None, gt=0, le=LIMITS.seq_len)
     gpu: str | None = None
-    gpus_per_node: int | None = Field(default=None, gt=0, le=1024)
-    nodes: int = Field(default=1, gt=0, le=100_000)
-    optimizer: Optimizer = "adamw"
-    precision: Precision = "auto"
-    micro_batch: int | None = Field(default=None, gt=0)
-    checkpointing: Literal["none", "selective", "full"] | None = None
+    gpus_per_node: int | None = Field(default=None, gt=0, le=LIMITS.gpus_per_node)
+    nodes: int = Field(default=1, gt=0, le=LIMITS.nodes)
+    optimizer: Optimizer = DEFAULT_OPTIMIZER
+    precision: Literal[(AUTO, *PRECISION)] = AUTO  # type: ignore[valid-type]
+    micro_batch: int | None = Field(default=None, gt=0, le=LIMITS.batch)
+    checkpointing: Checkpointing | None = None
     zero_stage: int | None = Field(default=None, ge=0, le=3)
-    attention: Literal["eager", "sdpa", "flash"] = "sdpa"
+    attention: Attention = SDPA
     offload: bool = True
     headroom: float | None = Field(default=None, ge=0.0, lt=0.9)
-    lr: float | None = Field(default=None, gt=0)
-    lr_batch: int | None = Field(default=None, gt=0)
-    lr_scaling: Literal["auto", "sqrt", "linear", "none"] = "auto"
-    memory_method: Literal["auto", "trace", "analytic"] = "auto"
+    lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    lr_batch: int | None = Field(default=None, gt=0, le=LIMITS.lr_batch)
+    lr_scaling: LRScaling = AUTO
+    memory_method: MemoryMethod = AUTO_METHOD
+    engine: ShardingEngine = DEFAULT_SHARDING_ENGINE
     trust_remote_code: bool = False
 
     @field_validator("model")

@@ -8,23 +8,32 @@ numbers. The shorter-sequence figure comes from a quadratic fit of three traced 
 from __future__ import annotations
 
 from planner import hardware as hw
-from planner.types import Config
+from planner.config import Config
+from planner.memory.estimate import Evaluation
+from planner.search import MemoryEvaluator
+from planner.vocab import ADAMW_8BIT, FULL, NO_OFFLOAD, OFFLOAD, OFFLOAD_ALL, PRECISION
 
 _GIB = 2**30
 
 
 def _least_memory_config(world: int, precision: str, zero: int, offload: str) -> Config:
-    return Config(micro_batch=1, grad_accum=1, world_size=world, precision=precision, checkpointing="full",
-                  zero_stage=zero, offload=offload)
+    return Config(micro_batch=1, grad_accum=1, world_size=world, precision=precision,
+                  checkpointing=FULL, zero_stage=zero, offload=offload)
+
+
+def _mixed_precision(gpu) -> str:
+    """The GPU's 16-bit autocast precision (bf16 where it has it)."""
+    usable = [p for p, info in PRECISION.items() if info.autocast and not gpu.cannot_run(p)]
+    return max(usable, key=lambda p: PRECISION[p].needs_bf16)
 
 
 def suggestions(plan, evaluator, gpu) -> list[str]:
     hwinfo = plan.hardware
     budget = hwinfo.budget_bytes
-    precision = "bf16-mixed" if gpu.bf16 else "fp16-mixed"
+    precision = _mixed_precision(gpu)
     world = hwinfo.gpus_per_node * hwinfo.nodes
     out: list[str] = []
-    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"))
+    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))
     out.append(f"The smallest configuration (micro-batch 1, full checkpointing, {precision}"
                f"{', ZeRO-3' if world > 1 else ''}) needs {best.peak / _GIB:.1f} GiB per GPU; "
                f"the budget is {budget / _GIB:.1f} GiB.")
@@ -32,27 +41,27 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
         total = world * n
         if total > 4096:
             break
-        est = evaluator.estimate(_least_memory_config(total, precision, 3, "none"))
+        est = evaluator.estimate(_least_memory_config(total, precision, 3, NO_OFFLOAD))
         if est.peak <= budget:
             nodes = max(1, total // max(hwinfo.gpus_per_node, 1))
             out.append(f"More GPUs: {total} x {gpu.name} ({nodes} node(s) of {hwinfo.gpus_per_node}) with ZeRO-3 "
                        f"need {est.peak / _GIB:.1f} GiB per GPU (the global batch must divide by {total}).")
             break
     need = best.peak / (1 - hwinfo.headroom)
-    bigger = sorted((g for g in hw.catalog() if g.memory_bytes >= need and (g.bf16 or not precision.startswith("bf16"))),
+    bigger = sorted((g for g in hw.catalog() if g.memory_bytes >= need and not g.cannot_run(precision)),
                     key=lambda g: g.memory_bytes)
     if bigger:
         out.append(f"A larger GPU: {bigger[0].name} ({bigger[0].memory_gib:.0f} GiB) holds the smallest "
                    f"configuration ({best.peak / _GIB:.1f} GiB).")
-    off = evaluator.estimate(_least_memory_config(world, precision, 3, "optimizer+params"))
+    off = evaluator.estimate(_least_memory_config(world, precision, 3, OFFLOAD_ALL))
     if off.peak <= budget and off.cpu_offload_bytes <= (hwinfo.host_memory_bytes or off.cpu_offload_bytes):
         out.append(f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {off.peak / _GIB:.1f} GiB "
                    f"per GPU and {off.cpu_offload_bytes / _GIB:.0f} GiB of host memory"
-                   f"{' (drop --no-offload)' if 'optimizer' not in _offloads(plan) else ''}.")
-    eight = _with_optimizer(evaluator, "adamw-8bit", world, precision)
-    if plan.optimizer != "adamw-8bit" and eight.peak <= budget:
+                   f"{' (drop --no-offload)' if not _offloads(plan) else ''}.")
+    eight = _with_optimizer(evaluator, ADAMW_8BIT, world, precision)
+    if plan.optimizer != ADAMW_8BIT and eight.peak <= budget:
         out.append(f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
-                   f"peak {eight.peak / _GIB:.1f} GiB fits (--optimizer adamw-8bit).")
+                   f"peak {eight.peak / _GIB:.1f} GiB fits (--optimizer {ADAMW_8BIT}).")
     shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision)
     if shorter:
         out.append(f"A shorter sequence: {shorter} tokens fit at micro-batch 1 with full checkpointing "
@@ -72,10 +81,9 @@ def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision:
     lens = (max(64, s // 4 // 64 * 64), max(128, s // 2 // 64 * 64), s)
     if len(set(lens)) < 3:
         return None
+    cfg = _least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD)
     try:
-        fit = sequence_fit(evaluator.resolved, micro_batch=1, seq_lens=lens, precision=precision,
-                           checkpointing="full", zero_stage=3 if world > 1 else 0, attention=evaluator.attention)
-        act_at = fit.activations
+        act_at = sequence_fit(evaluator.evaluation, cfg, lens).activations
     except Exception:  # noqa: BLE001 - untraceable model: activations roughly proportional to length
         act_at = lambda n: best.activations * n / s  # noqa: E731
     candidate = (s - 1) // 64 * 64
@@ -85,13 +93,14 @@ def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision:
 
 
 def _offloads(plan) -> set[str]:
-    return {c.config.offload for c in plan.candidates}
+    """The offloads the plan searched (empty with --no-offload)."""
+    return {c.config.offload for c in plan.candidates if OFFLOAD[c.config.offload].optimizer_on_cpu}
 
 
 def _with_optimizer(evaluator, optimizer, world, precision):
-    saved = evaluator.optimizer
-    evaluator.optimizer = optimizer
-    try:
-        return evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, "none"))
-    finally:
-        evaluator.optimizer = saved
+    """The least-memory configuration with another optimizer (a second evaluation; traces are shared)."""
+    base = evaluator.evaluation
+    other = MemoryEvaluator(Evaluation(base.resolved, seq_len=base.seq_len, optimizer=optimizer,
+                                       attention=base.attention, gpus_per_node=base.gpus_per_node),
+                            evaluator.method)
+    return other.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
+from planner.config import Config
 from planner.hardware import GPU
 from planner.models.spec import ModelSpec
+from planner.vocab import ATTENTION, CHECKPOINTING, FP32, OFFLOAD, PRECISION, SDPA
 
 # --- compute efficiency: achieved / peak tensor FLOP/s for a dense transformer step
 #: Ceiling of model-FLOPs utilisation at large matrices, falling with the GPU's peak FLOPs per byte of HBM
@@ -35,11 +39,6 @@ LAUNCH_OVERHEAD_S_PER_BLOCK = 90 * 6e-6
 HF_CODE_FACTOR = 0.80
 #: Eager attention materialises the s x s scores: its attention FLOPs run memory-bound at this fraction.
 EAGER_ATTENTION_EFFICIENCY = 0.25
-#: Extra compute of activation checkpointing: full recomputes the forward (4/3 of fwd+bwd, Korthikanti
-#: et al. 2022; llm-foundry's HFU/MFU = 55.0/41.25 = 1.33 for full checkpointing agrees, though a free fit
-#: of the calibration rows prefers 1.15). Selective (torchtitan's per-op policy) recomputes every second
-#: forward matmul and the elementwise ops: about half the forward again, 1 + 1/6.
-RECOMPUTE_FACTOR = {"none": 1.0, "selective": 7.0 / 6.0, "full": 4.0 / 3.0}
 #: fp32 matmuls run on the plain FP32 pipes, which kernels keep busier than tensor cores (fitted on the
 #: six fp32 rows of the calibration data, NVIDIA's BERT; weakly determined).
 FP32_EFFICIENCY_BOOST = 1.1
@@ -64,21 +63,31 @@ CPU_ADAM_PARAMS_PER_S = 1.5e9
 ADAM_STEP_BYTES_PER_PARAM = 30
 
 
+class StepParts(BaseModel):
+    """Seconds per optimizer step, by what they are spent on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    compute: float = 0.0
+    optimizer: float = 0.0
+    communication: float = 0.0
+    offload: float = 0.0
+
+
 @dataclass(frozen=True)
 class Throughput:
     tokens_per_s: float
     samples_per_s: float
     mfu: float
     step_time_s: float
-    parts: dict  # seconds per optimizer step: compute, optimizer, communication, offload
-    source: str = "model"
+    parts: StepParts
 
 
 def matmul_parameters(spec: ModelSpec) -> int:
     """Parameters that take part in matmuls per token: all but the embedding lookups, plus the LM head
     when it shares the embedding; for MoE only the experts a token is routed to."""
     params = spec.parameters - spec.embedding_parameters
-    if spec.tied_embeddings and spec.vocab and spec.architecture.endswith(("LM", "LMHeadModel", "Generation")):
+    if spec.tied_embeddings and spec.vocab and spec.has_lm_head:
         params += spec.vocab * spec.hidden
     if spec.num_experts > 1:
         per_expert = (3 if spec.gated_mlp else 2) * spec.hidden * spec.ffn
@@ -99,9 +108,10 @@ def efficiency_ceiling(gpu: GPU, precision: str) -> float:
 
 def compute_efficiency(spec: ModelSpec, gpu: GPU, micro_batch: int, seq_len: int, precision: str) -> float:
     tokens = micro_batch * seq_len
-    ceiling = efficiency_ceiling(gpu, "bf16-mixed" if gpu.bf16 and precision != "fp32" else precision)
+    fp32 = PRECISION[precision].compute == PRECISION[FP32].compute
+    ceiling = efficiency_ceiling(gpu, precision)
     eff = ceiling * tokens / (tokens + EFFICIENCY_HALF_TOKENS) * spec.hidden / (spec.hidden + EFFICIENCY_HALF_HIDDEN)
-    if precision == "fp32":
+    if fp32:
         eff = min(0.9, eff * FP32_EFFICIENCY_BOOST)
     return eff * HF_CODE_FACTOR
 
@@ -120,21 +130,31 @@ def _collective_seconds(bytes_: float, world: int, per_node: int, gpu: GPU) -> f
     return (world - 1) / world * bytes_ / (link * 1e9 * LINK_EFFICIENCY)
 
 
-def step_time(spec: ModelSpec, gpu: GPU, *, micro_batch: int, grad_accum: int, seq_len: int, precision: str,
-              checkpointing: str, zero_stage: int, offload: str, world_size: int, gpus_per_node: int,
-              attention: str = "sdpa") -> Throughput:
+def recompute_factor(checkpointing: str) -> float:
+    """Extra compute of activation checkpointing: full recomputes the forward (4/3 of fwd+bwd, Korthikanti et al.
+    2022; llm-foundry's HFU/MFU = 55.0/41.25 = 1.33 for full checkpointing agrees). Selective (torchtitan's per-op
+    policy) recomputes every second forward matmul and the elementwise ops: about half the forward again."""
+    info = CHECKPOINTING[checkpointing]
+    if not info.enabled:
+        return 1.0
+    return 7.0 / 6.0 if info.per_op_policy else 4.0 / 3.0
+
+
+def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int,
+              attention: str = SDPA) -> Throughput:
+    micro_batch, grad_accum, world_size, zero_stage = cfg.micro_batch, cfg.grad_accum, cfg.world_size, cfg.zero_stage
     dense, attn = flops_per_token(spec, seq_len)
-    eff = compute_efficiency(spec, gpu, micro_batch, seq_len, precision)
-    peak = gpu.peak_tflops(precision) * 1e12
-    attn_eff = eff * (EAGER_ATTENTION_EFFICIENCY if attention == "eager" else 1.0)
+    eff = compute_efficiency(spec, gpu, micro_batch, seq_len, cfg.precision)
+    peak = gpu.peak_tflops(cfg.precision) * 1e12
+    attn_eff = eff * (EAGER_ATTENTION_EFFICIENCY if ATTENTION[attention].saves_scores else 1.0)
     tokens_micro = micro_batch * seq_len
-    micro_compute = (tokens_micro * (dense / (peak * eff) + attn / (peak * attn_eff)) * RECOMPUTE_FACTOR[checkpointing]
+    micro_compute = (tokens_micro * (dense / (peak * eff) + attn / (peak * attn_eff)) * recompute_factor(cfg.checkpointing)
                      + spec.layers * LAUNCH_OVERHEAD_S_PER_BLOCK)
     compute = micro_compute * grad_accum
 
     params, trainable = spec.parameters, spec.trainable_parameters
-    grad_width = 4 if (precision == "fp32" or zero_stage == 0 and precision != "bf16-true") else 2
-    shard = world_size if zero_stage > 0 else 1
+    grad_width = cfg.grad_bytes()
+    shard = world_size if cfg.sharded else 1
     optimizer = trainable / shard * ADAM_STEP_BYTES_PER_PARAM / (gpu.hbm_bandwidth_GBps * 1e9)
 
     backward = micro_compute * 2 / 3
@@ -149,13 +169,14 @@ def step_time(spec: ModelSpec, gpu: GPU, *, micro_batch: int, grad_accum: int, s
         comm = max(0.0, comm_once - COMM_OVERLAP * backward)
 
     offload_s = 0.0
-    if offload != "none":
+    off = OFFLOAD[cfg.offload]
+    if off.optimizer_on_cpu:
         pcie = gpu.host_bandwidth_GBps * 1e9 * PCIE_EFFICIENCY
         ranks_per_node = min(world_size, gpus_per_node)
         cpu_adam = trainable / shard / (CPU_ADAM_PARAMS_PER_S / ranks_per_node)
         traffic = (trainable / shard) * 2 * 2 / pcie          # 16-bit grads down, 16-bit params up
         optimizer = cpu_adam + traffic
-        if offload == "optimizer+params":                      # params fetched for fwd and bwd, each micro-step
+        if off.params_on_cpu:                                  # params fetched for fwd and bwd, each micro-step
             offload_s = grad_accum * 2 * (params / shard) * 2 / pcie
     total = compute + optimizer + comm + offload_s
     tokens = micro_batch * grad_accum * world_size * seq_len
@@ -163,5 +184,5 @@ def step_time(spec: ModelSpec, gpu: GPU, *, micro_batch: int, grad_accum: int, s
     return Throughput(
         tokens_per_s=tokens / total, samples_per_s=micro_batch * grad_accum * world_size / total,
         mfu=model_flops / total / (world_size * peak), step_time_s=total,
-        parts={"compute": compute, "optimizer": optimizer, "communication": comm, "offload": offload_s},
+        parts=StepParts(compute=compute, optimizer=optimizer, communication=comm, offload=offload_s),
     )

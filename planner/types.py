@@ -1,50 +1,18 @@
-"""The planner's result types: what `plan()` returns and `plan --json` prints."""
+"""The planner's result types: what `plan()` returns and `plan --json` prints, and what a measurement reports."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
+from planner.config import Config
 from planner.memory.estimate import MemoryEstimate
+from planner.throughput import StepParts
+from planner.vocab import MeasurementStatus
 
-
-class Config(BaseModel):
-    """One training configuration (a candidate)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    micro_batch: int
-    grad_accum: int
-    world_size: int
-    precision: str
-    checkpointing: str
-    zero_stage: int
-    offload: str
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.world_size
-
-    @property
-    def engine(self) -> str:
-        return "deepspeed" if self.zero_stage > 0 else "torch"
-
-    def complexity(self) -> int:
-        """Moving parts, for tie-breaks: ZeRO, offload, recompute, loss scaling, accumulation."""
-        return (self.zero_stage + {"none": 0, "optimizer": 2, "optimizer+params": 4}[self.offload]
-                + {"none": 0, "selective": 1, "full": 2}[self.checkpointing]
-                + (1 if self.precision == "fp16-mixed" else 0) + (1 if self.grad_accum > 1 else 0))
-
-    def kind(self) -> tuple:
-        """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one: they have the
-        same bytes and speed, so views and probes treat them as one kind."""
-        precision = "mixed" if self.precision in ("bf16-mixed", "fp16-mixed") else self.precision
-        return precision, self.checkpointing, self.zero_stage, self.offload
-
-    def label(self) -> str:
-        zero = f"ZeRO-{self.zero_stage}" if self.zero_stage else ("DDP" if self.world_size > 1 else "single GPU")
-        off = f" + offload {self.offload}" if self.offload != "none" else ""
-        ck = "" if self.checkpointing == "none" else f", {self.checkpointing} ckpt"
-        return f"mb {self.micro_batch} x N {self.grad_accum} x {self.world_size} GPU, {self.precision}{ck}, {zero}{off}"
+__all__ = ["Config", "Candidate", "ThroughputInfo", "Hardware", "LearningRate", "ModelInfo", "Measurement",
+           "ProbeRecord", "FamilyCalibration", "Plan"]
 
 
 class ThroughputInfo(BaseModel):
@@ -54,8 +22,8 @@ class ThroughputInfo(BaseModel):
     samples_per_s: float
     mfu: float
     step_time_s: float
-    source: str = "model"   # model | probe
-    parts: dict[str, float] = {}
+    source: Literal["model", "probe", "probe+model"] = "model"
+    parts: StepParts = StepParts()
 
 
 class Candidate(BaseModel):
@@ -73,7 +41,7 @@ class Candidate(BaseModel):
         data = _config_json(self.config)
         data.update(learning_rate=self.learning_rate, lr_scaling=self.lr_scaling,
                     memory=_memory_json(self.memory) if self.memory else None,
-                    throughput=self.throughput.model_dump() if self.throughput else None,
+                    throughput=self.throughput.model_dump(mode="json") if self.throughput else None,
                     fits=self.fits, reason=self.reason)
         return data
 
@@ -103,12 +71,78 @@ class LearningRate(BaseModel):
     warmup_steps: int
 
 
+class ModelInfo(BaseModel):
+    """The model as a plan reports it: a typed view of `ModelSpec` at the planned sequence length."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    parameters: int
+    trainable_parameters: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    seq_len: int
+    architecture: str
+    source: str
+    task: str
+    has_batchnorm: bool
+    layer_class: str
+
+    @classmethod
+    def of(cls, spec, seq_len: int) -> "ModelInfo":
+        return cls(seq_len=seq_len, **{name: getattr(spec, name) for name in cls.model_fields if name != "seq_len"})
+
+
+class Measurement(BaseModel):
+    """What measuring one candidate reports (`plan(..., measure=...)`'s callable returns one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: MeasurementStatus
+    peak_allocated: int = 0          # bytes, torch.cuda.max_memory_allocated (the live-tensor peak on CPU)
+    peak_reserved: int = 0           # bytes, torch.cuda.max_memory_reserved
+    micro_step_s: float = 0.0        # one forward + backward
+    optimizer_step_s: float = 0.0    # the optimizer step
+    step_time_s: float = 0.0         # grad_accum micro-steps + one optimizer step
+    tokens_per_s: float = 0.0        # per process
+    processes: int = 1               # ranks the measurement ran with
+    engine: str = ""
+    reason: str = ""                 # why skipped, or the error
+    cached: bool = False
+    seconds: float = 0.0             # wall time the measurement took
+
+
+class ProbeRecord(BaseModel):
+    """One probe as the plan records it: the candidate, what the model predicted, what was measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config: str
+    micro_batch: int
+    predicted_peak_allocated: int | None
+    predicted_tokens_per_s: float | None
+    measurement: Measurement
+
+
+class FamilyCalibration(BaseModel):
+    """Per probed family: measured / predicted activations, and the allocator's measured slack per activation
+    byte (the cautious, larger value over the family's probes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    activation_ratio: float
+    allocator_slack: float
+
+
 class Plan(BaseModel):
     """The chosen configuration, why, and every candidate considered."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
 
-    model: dict
+    model: ModelInfo
     hardware: Hardware
     seq_len: int
     optimizer: str
@@ -118,8 +152,8 @@ class Plan(BaseModel):
     lr: LearningRate
     notes: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
-    probes: tuple[dict, ...] = ()
-    calibration: dict[str, dict[str, float]] = {}  # per family: measured/predicted activations, slack
+    probes: tuple[ProbeRecord, ...] = ()
+    calibration: dict[str, FamilyCalibration] = {}
 
     def to_json(self) -> dict:
         choice = _config_json(self.choice.config)
@@ -127,7 +161,7 @@ class Plan(BaseModel):
                       lr_factor=self.lr.factor, warmup_steps=self.lr.warmup_steps)
         tp = self.choice.throughput
         return {
-            "model": self.model,
+            "model": self.model.model_dump(),
             "hardware": self.hardware.model_dump(),
             "choice": choice,
             "memory": _memory_json(self.choice.memory),
@@ -135,8 +169,8 @@ class Plan(BaseModel):
                            "step_time_s": tp.step_time_s, "source": tp.source},
             "candidates": [c.to_json() for c in self.candidates],
             "notes": list(self.notes),
-            "probes": list(self.probes),
-            "calibration": self.calibration,
+            "probes": [p.model_dump(mode="json") for p in self.probes],
+            "calibration": {k: v.model_dump() for k, v in self.calibration.items()},
             "files": list(self.files),
         }
 
@@ -157,10 +191,11 @@ class Plan(BaseModel):
 def _config_json(c: Config) -> dict:
     return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "world_size": c.world_size,
             "global_batch": c.global_batch, "precision": c.precision, "checkpointing": c.checkpointing,
-            "zero_stage": c.zero_stage, "offload": c.offload}
+            "zero_stage": c.zero_stage, "offload": c.offload, "engine": c.engine}
 
 
 def _memory_json(m: MemoryEstimate) -> dict:
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
             "activations": m.activations, "overhead": m.overhead, "peak_allocated": m.peak_allocated,
-            "peak": m.peak, "cpu_offload_bytes": m.cpu_offload_bytes, "method": m.method, "terms": m.terms}
+            "peak_reserved": m.peak_reserved, "peak": m.peak, "cpu_offload_bytes": m.cpu_offload_bytes,
+            "method": m.method, "terms": m.terms.model_dump()}

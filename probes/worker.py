@@ -4,35 +4,37 @@ is downloaded), runs warm-up and timed steps at the candidate's settings, report
 
 Requests with a `deepspeed` config run through `deepspeed.initialize` (ZeRO and offload as planned); under
 torchrun every rank runs and rank 0 reports. An OOM is a result (`status: "oom"`), not a failure.
-`inject` ("oom" | "hang" | "crash") exists for tests.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import time
 
-
-def _config(request: dict):
-    from transformers import AutoConfig, CONFIG_MAPPING
-
-    if request.get("model_dir"):
-        return AutoConfig.from_pretrained(request["model_dir"], trust_remote_code=request.get("trust_remote_code", False))
-    data = request["config"]
-    return CONFIG_MAPPING[data["model_type"]].from_dict(data)
+from planner.types import Measurement
+from planner.vocab import ATTENTION, ERROR, OK, OOM, PRECISION
+from probes.protocol import ProbeRequest, result_line
 
 
-def _materialise(config, request: dict, device: str):
+def _config(request: ProbeRequest):
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    if request.model_dir:
+        return AutoConfig.from_pretrained(request.model_dir, trust_remote_code=request.trust_remote_code)
+    return CONFIG_MAPPING[request.config["model_type"]].from_dict(request.config)
+
+
+def _materialise(config, request: ProbeRequest, device: str):
     import torch
 
-    from planner.models.build import build_meta
+    from planner.models.build import build_meta, effective_attention
 
-    dtype = torch.bfloat16 if request["precision"] == "bf16-true" else torch.float32
-    config._attn_implementation = "eager" if request["attention"] == "eager" else "sdpa"
-    model = build_meta(config, trust_remote_code=request.get("trust_remote_code", False), dtype=dtype)
+    half = PRECISION[request.precision].weight_bytes < 4
+    config._attn_implementation = ATTENTION[effective_attention(config, request.attention,
+                                                                request.trust_remote_code)].transformers
+    model = build_meta(config, trust_remote_code=request.trust_remote_code,
+                       dtype=torch.bfloat16 if half else torch.float32)
     model.to_empty(device=device)
     model.tie_weights()
     with torch.no_grad():  # random weights: small normal values keep the loss finite
@@ -72,25 +74,25 @@ def _init_distributed(device: str) -> None:
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
 
 
-def run_deepspeed(request: dict) -> dict:
+def run_deepspeed(request: ProbeRequest) -> Measurement:
     import deepspeed
     import torch
 
     from planner.memory.step import enable_checkpointing, make_batch
 
-    device = request.get("device", "cuda")
+    device = request.device
     _init_distributed(device)
     if device.startswith("cuda"):
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     torch.manual_seed(0)
-    stage3 = request["deepspeed"]["zero_optimization"]["stage"] == 3
+    stage3 = request.deepspeed["zero_optimization"]["stage"] == 3
     # ZeRO-3 never holds the whole model on one GPU: build it in host memory and let DeepSpeed partition it
     model = _materialise(_config(request), request, "cpu" if stage3 else device)
     model.train()
-    enable_checkpointing(model, request["checkpointing"])
+    enable_checkpointing(model, request.checkpointing)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                      config=request["deepspeed"])
-    batch = make_batch(model, request["micro_batch"], request["seq_len"], device=engine.device)
+                                      config=request.deepspeed)
+    batch = make_batch(model, request.micro_batch, request.seq_len, device=engine.device)
     accum = engine.gradient_accumulation_steps()
     clock = _Clock(str(engine.device))
 
@@ -99,12 +101,12 @@ def run_deepspeed(request: dict) -> dict:
         engine.backward(loss)
         engine.step()
 
-    for _ in range(request.get("warmup", 1) * accum):
+    for _ in range(request.warmup * accum):
         micro()
     if str(engine.device).startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     times = []
-    for _ in range(request.get("steps", 2) * accum):
+    for _ in range(request.steps * accum):
         t0 = clock()
         micro()
         times.append(clock() - t0)
@@ -118,95 +120,109 @@ def run_deepspeed(request: dict) -> dict:
         import resource
 
         allocated = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {**_result(request, allocated, reserved, micro_s, optim_s), "engine": "deepspeed"}
+    return _result(request, allocated, reserved, micro_s, optim_s).model_copy(
+        update={"engine": "deepspeed", "processes": int(os.environ.get("WORLD_SIZE", "1"))})
 
 
-def run(request: dict) -> dict:
+def run(request: ProbeRequest) -> Measurement:
+    if request.deepspeed:
+        return run_deepspeed(request)
     import torch
 
-    from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
-    from planner.memory.tracker import LiveStorageTracker
+    from planner.memory.step import enable_checkpointing, make_batch, make_optimizer
 
-    device = request.get("device", "cuda")
-    inject = request.get("inject")
-    if inject == "hang":
-        time.sleep(3600)
-    if inject == "crash":
-        os._exit(9)
-    if request.get("deepspeed"):
-        if inject == "oom":
-            raise torch.OutOfMemoryError("injected out-of-memory")
-        return run_deepspeed(request)
+    device = request.device
     torch.manual_seed(0)
     model = _materialise(_config(request), request, device)
     model.train()
-    enable_checkpointing(model, request["checkpointing"])
-    optimizer = make_optimizer(model, request["optimizer"], foreach=None)
-    batch = make_batch(model, request["micro_batch"], request["seq_len"], device=device)
-    precision = "fp32" if request["precision"] == "bf16-true" else request["precision"]
+    enable_checkpointing(model, request.checkpointing)
+    optimizer = make_optimizer(model, request.optimizer, foreach=None)
+    batch = make_batch(model, request.micro_batch, request.seq_len, device=device)
     dev_type = "cuda" if device.startswith("cuda") else "cpu"
-    accum = min(2, request.get("grad_accum", 1))  # 2 micro-steps show both regimes (with/without grads)
-    clock = _Clock(device)
-    tracker = LiveStorageTracker() if dev_type == "cpu" else None
-
-    def step():
-        if inject == "oom":
-            raise torch.OutOfMemoryError("injected out-of-memory")
-        for _ in range(accum):
-            micro_step(model, batch, precision, dev_type)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for _ in range(request.get("warmup", 1)):
-        step()
+    autocast = PRECISION[request.precision].autocast
+    accum = min(2, request.grad_accum)  # 2 micro-steps show both regimes (with/without grads)
+    step = _Stepper(model, optimizer, batch, autocast, dev_type, accum, _Clock(device))
+    for _ in range(request.warmup):
+        step.run()
     if dev_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    micro_times, optim_times = [], []
-    with tracker or contextlib.nullcontext():
-        if tracker is not None:
-            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
-            tracker.track_all(t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    allocated, reserved = step.measure(request.steps)
+    return _result(request, allocated, reserved, _median(step.micro_times), _median(step.optim_times))
+
+
+class _Stepper:
+    """Runs optimizer steps of `accum` micro-steps, timing both phases; the peak comes from CUDA's counters or,
+    on the CPU, from the live-storage tracker."""
+
+    def __init__(self, model, optimizer, batch, autocast, dev_type, accum, clock):
+        self.model, self.optimizer, self.batch, self.autocast = model, optimizer, batch, autocast
+        self.dev_type, self.accum, self.clock = dev_type, accum, clock
+        self.micro_times: list[float] = []
+        self.optim_times: list[float] = []
+
+    def run(self, timed: bool = False) -> None:
+        from planner.memory.step import micro_step
+
+        for _ in range(self.accum):
+            t0 = self.clock()
+            micro_step(self.model, self.batch, self.autocast, self.dev_type)
+            if timed:
+                self.micro_times.append(self.clock() - t0)
+        t0 = self.clock()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if timed:
+            self.optim_times.append(self.clock() - t0)
+
+    def measure(self, steps: int) -> tuple[int, int]:
+        import torch
+
+        from planner.memory.tracker import LiveStorageTracker
+
+        if self.dev_type == "cuda":
+            for _ in range(steps):
+                self.run(timed=True)
+            return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        tracker = LiveStorageTracker()
+        with tracker:
+            tracker.track_all(list(self.model.parameters()) + list(self.model.buffers()) + list(self.batch.values()))
+            tracker.track_all(t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
             tracker.reset_peak()
-        for _ in range(request.get("steps", 2)):
-            for _ in range(accum):
-                t0 = clock()
-                micro_step(model, batch, precision, dev_type)
-                micro_times.append(clock() - t0)
-            t0 = clock()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            optim_times.append(clock() - t0)
-    if dev_type == "cuda":
-        allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-    else:
-        allocated = reserved = tracker.peak
-    return _result(request, allocated, reserved, _median(micro_times), _median(optim_times))
+            for _ in range(steps):
+                self.run(timed=True)
+        return tracker.peak, tracker.peak
 
 
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def _result(request: dict, allocated: int, reserved: int, micro_s: float, optim_s: float) -> dict:
+def _result(request: ProbeRequest, allocated: int, reserved: int, micro_s: float, optim_s: float) -> Measurement:
     """The probe's report: peaks, and a full step's time as N micro-steps plus one optimizer step."""
-    n = request.get("grad_accum", 1)
+    n = request.grad_accum
     step_time = n * micro_s + optim_s
-    tokens = request["micro_batch"] * request["seq_len"] * n
-    return {"status": "ok", "peak_allocated": int(allocated), "peak_reserved": int(reserved), "micro_step_s": micro_s,
-            "optimizer_step_s": optim_s, "step_time_s": step_time, "tokens_per_s": tokens / step_time}
+    tokens = request.micro_batch * request.seq_len * n
+    return Measurement(status=OK, peak_allocated=int(allocated), peak_reserved=int(reserved), micro_step_s=micro_s,
+                       optimizer_step_s=optim_s, step_time_s=step_time, tokens_per_s=tokens / step_time)
+
+
+def failure(err: BaseException) -> Measurement:
+    """A failed probe as a result: an out-of-memory error is an OOM (the candidate does not fit), anything else an
+    error."""
+    import torch
+
+    oom = isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+    return Measurement(status=OOM if oom else ERROR, reason=f"{type(err).__name__}: {str(err)[:500]}")
 
 
 def main() -> int:
-    request = json.loads(open(sys.argv[1]).read() if len(sys.argv) > 1 else sys.stdin.read())
+    text = open(sys.argv[1]).read() if len(sys.argv) > 1 else sys.stdin.read()
     try:
-        result = run(request)
+        result = run(ProbeRequest.model_validate_json(text))
     except Exception as err:  # noqa: BLE001 - report every failure as a result line
-        import torch
-
-        oom = isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
-        result = {"status": "oom" if oom else "error", "error": f"{type(err).__name__}: {str(err)[:500]}"}
+        result = failure(err)
     if os.environ.get("RANK", "0") == "0":
-        sys.stdout.write("PROBE-RESULT " + json.dumps(result) + "\n")
+        sys.stdout.write(result_line(result))
         sys.stdout.flush()
     return 0
 

@@ -110,3 +110,80 @@ def test_plan_without_gpu_uses_reference():
     result = invoke("--model", "gpt2", "--batch", "8")
     assert result.exit_code == 0, result.output
     assert "reference A100-80GB" in result.output
+
+
+FUZZ_CONFIGS = {  # config.json contents a fuzzer found that crashed (exit 3) or planned (exit 0) before
+    "null": "null", "list": "[1, 2]", "not-json": "{",
+    "hidden-str": {"hidden_size": "big"}, "hidden-negative": {"hidden_size": -256},
+    "hidden-nan": {"hidden_size": float("nan")}, "layers-fraction": {"num_hidden_layers": 4.5},
+    "heads-do-not-divide": {"hidden_size": 66}, "no-layers": {"num_hidden_layers": 0}, "no-vocab": {"vocab_size": 0},
+}
+
+
+@pytest.mark.parametrize("name", FUZZ_CONFIGS)
+def test_bad_config_json_exits_2_naming_the_model(name, tmp_path):
+    base = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 300}
+    data = FUZZ_CONFIGS[name]
+    text = data if isinstance(data, str) else json.dumps({**base, **data})
+    (tmp_path / "config.json").write_text(text)
+    start = time.perf_counter()
+    result = invoke("--model", str(tmp_path), "--batch", "8", "--gpu", "A100-80GB")
+    assert result.exit_code == 2, result.output
+    assert "--model" in result.output and "Traceback" not in result.output
+    assert time.perf_counter() - start < 10
+
+
+BAD_FLAGS = [
+    (["--model", "gpt2", "--batch", "9" * 26], "--batch"),
+    (["--model", "gpt2", "--batch", str(10**12)], "--batch"),
+    (["--model", "gpt2", "--batch", "8", "--nodes", "10000000"], "--nodes"),
+    (["--model", "gpt2", "--batch", "8", "--seq-len", str(10**9)], "--seq-len"),
+    (["--model", "gpt2", "--batch", "8", "--machine-rank", "2", "--nodes", "2"], "--machine-rank"),
+    (["--model", "gpt2", "--batch", "16", "--nodes", "2", "--main-process-ip", "999.1.1.1"], "--main-process-ip"),
+    (["--model", "gpt2", "--batch", "16", "--nodes", "2", "--main-process-ip", "bad host!"], "--main-process-ip"),
+    (["--model", "gpt2", "--batch", "8", "--dry-run"], "--dry-run"),
+    (["--list-models", "--precision", "fp8"], "--list-models"),
+    (["--list-gpus", "--gpu", "Z100"], "--list-gpus"),
+    (["--model", "gpt2", "--batch", "8", "--engine", "megatron"], "--engine"),
+    (["--model", "gpt2", "--batch", "8", "--attention", "flash", "--gpu", "V100-16GB"], "--attention"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag"), BAD_FLAGS, ids=[" ".join(a)[:60] for a, _ in BAD_FLAGS])
+def test_bad_flags_exit_2_quickly(args, flag):
+    start = time.perf_counter()
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) <= 3, result.output
+    assert time.perf_counter() - start < 10
+
+
+def test_emit_destination_is_checked_before_planning(tmp_path, monkeypatch):
+    import planner.planning
+
+    monkeypatch.setattr(planner.planning, "plan", lambda *a, **k: pytest.fail("planned before checking --emit"))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for target in (afile / "sub", afile, Path("/proc/trainplan-cannot-write-here")):
+        result = invoke("--model", "gpt2", "--batch", "8", "--emit", str(target))
+        assert result.exit_code == 2 and "--emit" in result.output, result.output
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "plan.json").write_text("{}")
+    result = invoke("--model", "gpt2", "--batch", "8", "--emit", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "--force" in result.output
+
+
+def test_multi_node_emit_needs_the_main_process_ip(tmp_path):
+    result = invoke("--model", "gpt2", "--batch", "16", "--gpus-per-node", "1", "--nodes", "2", "--gpu", "A100-80GB",
+                    "--emit", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "--main-process-ip" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_json_errors_are_json():
+    result = invoke("--model", "gpt2", "--batch", "0", "--json")
+    assert result.exit_code == 2
+    data = json.loads(result.stdout)
+    assert data["flag"] == "--batch" and data["exit_code"] == 2 and data["error"]

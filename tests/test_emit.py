@@ -53,19 +53,21 @@ def test_deepspeed_and_accelerate_load_emitted_configs(layout, zero, offload, tm
     p = _plan(layout, zero, offload)
     cfg = p.choice.config
     files = emit(p, tmp_path, EmitOptions(main_process_ip="10.0.0.1"))
-    ds = json.loads((tmp_path / "ds_config.json").read_text())
-    text = (tmp_path / "ds_config.json").read_text()
-    assert "auto" not in text and "Infinity" not in text and "NaN" not in text
-    loaded = _deepspeed_config(ds, cfg.world_size, monkeypatch)
-    assert loaded.train_batch_size == cfg.global_batch
-    assert loaded.train_micro_batch_size_per_gpu == cfg.micro_batch
-    assert loaded.gradient_accumulation_steps == cfg.grad_accum
-    assert loaded.zero_optimization_stage == cfg.zero_stage
-    assert loaded.bfloat16_config.enabled
-    if cfg.offload != "none":
-        assert loaded.zero_config.offload_optimizer.device == "cpu"
-    if cfg.offload == "optimizer+params":
-        assert loaded.zero_config.offload_param.device == "cpu"
+    assert (tmp_path / "ds_config.json").exists() == (cfg.zero_stage > 0)  # only the files the engine needs
+    if cfg.zero_stage > 0:
+        ds = json.loads((tmp_path / "ds_config.json").read_text())
+        text = (tmp_path / "ds_config.json").read_text()
+        assert "auto" not in text and "Infinity" not in text and "NaN" not in text
+        loaded = _deepspeed_config(ds, cfg.world_size, monkeypatch)
+        assert loaded.train_batch_size == cfg.global_batch
+        assert loaded.train_micro_batch_size_per_gpu == cfg.micro_batch
+        assert loaded.gradient_accumulation_steps == cfg.grad_accum
+        assert loaded.zero_optimization_stage == cfg.zero_stage
+        assert loaded.bfloat16_config.enabled
+        if cfg.offload != "none":
+            assert loaded.zero_config.offload_optimizer.device == "cpu"
+        if cfg.offload == "optimizer+params":
+            assert loaded.zero_config.offload_param.device == "cpu"
 
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -78,7 +80,11 @@ def test_deepspeed_and_accelerate_load_emitted_configs(layout, zero, offload, tm
     else:
         assert raw["distributed_type"] == ("MULTI_GPU" if cfg.world_size > 1 else "NO")
     if LAYOUTS[layout][1] > 1:
-        assert raw["main_process_ip"] == "10.0.0.1" and (tmp_path / "hostfile").exists()
+        assert raw["main_process_ip"] == "10.0.0.1"
+        assert (tmp_path / "hostfile").exists() == (cfg.zero_stage > 0)
+        if cfg.zero_stage > 0:  # the YAML names the hostfile and the launcher (no `--hostfile None --launcher pdsh`)
+            assert Path(raw["deepspeed_config"]["deepspeed_hostfile"]) == tmp_path.resolve() / "hostfile"
+            assert raw["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
     args = json.loads((tmp_path / "training_args.json").read_text())
     assert args["per_device_train_batch_size"] == cfg.micro_batch
     assert args["gradient_accumulation_steps"] == cfg.grad_accum
@@ -94,19 +100,23 @@ def test_fp16_config_has_explicit_loss_scaling(monkeypatch):
     assert _deepspeed_config(ds, 8, monkeypatch).float16_config.enabled
 
 
-@pytest.mark.parametrize("zero,strategy", [(3, "FULL_SHARD"), (2, "SHARD_GRAD_OP")])
-def test_fsdp_config(zero, strategy, tmp_path):
-    p = plan("meta-llama/Llama-3.2-1B", 64, gpu="A100-80GB", gpus_per_node=8, zero_stage=zero, checkpointing="full")
+@pytest.mark.parametrize("zero,reshard", [(3, True), (2, False)])
+def test_fsdp2_config(zero, reshard, tmp_path):
+    p = plan("meta-llama/Llama-3.2-1B", 64, gpu="A100-80GB", gpus_per_node=8, zero_stage=zero, checkpointing="full",
+             engine="fsdp")
     p = p.model_copy(update={"choice": next(c for c in p.candidates if c.config.offload == "none")})
-    emit(p, tmp_path, EmitOptions(engine="fsdp"))
+    emit(p, tmp_path)
     from accelerate.commands.config.config_args import load_config_from_file
 
     acc = load_config_from_file(str(tmp_path / "accelerate_config.yaml"))
     fsdp = acc.fsdp_config
-    assert fsdp["fsdp_sharding_strategy"] == strategy
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_reshard_after_forward"] is reshard
     assert fsdp["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
     assert fsdp["fsdp_activation_checkpointing"] is True
     assert acc.mixed_precision == "bf16"
+    args = json.loads((tmp_path / "training_args.json").read_text())
+    assert args["gradient_checkpointing"] is False  # FSDP checkpoints; the Trainer raises if both are set
+    assert not (tmp_path / "ds_config.json").exists()
 
 
 def test_emitting_is_deterministic_and_never_overwrites(tmp_path):
@@ -115,13 +125,13 @@ def test_emitting_is_deterministic_and_never_overwrites(tmp_path):
     assert first == render_files(p, EmitOptions(), "/x")
     assert all(text.endswith("\n") for text in first.values())
     emit(p, tmp_path)
-    (tmp_path / "ds_config.json").write_text("mine\n")
+    (tmp_path / "training_args.json").write_text("mine\n")
     with pytest.raises(InputError) as info:
         emit(p, tmp_path)
     assert info.value.flag == "--emit" and "--force" in str(info.value)
-    assert (tmp_path / "ds_config.json").read_text() == "mine\n"
+    assert (tmp_path / "training_args.json").read_text() == "mine\n"
     emit(p, tmp_path, EmitOptions(force=True))
-    assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 16
+    assert json.loads((tmp_path / "training_args.json").read_text())["gradient_accumulation_steps"] > 0
     assert os.stat(tmp_path / "launch.sh").st_mode & stat.S_IXUSR
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no temporary files left
 

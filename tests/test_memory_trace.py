@@ -23,8 +23,8 @@ def tiny_llama(layers=6):
 
 
 def req(**kw):
-    base = dict(micro_batch=2, seq_len=64, precision="fp32", optimizer="sgd", checkpointing="none",
-                attention="sdpa", attention_dropout=True, foreach=False)
+    base = dict(micro_batch=2, seq_len=64, activations="fp32", checkpointing="none", attention="sdpa",
+                attention_dropout=True)
     base.update(kw)
     return TraceRequest(**base)
 
@@ -41,13 +41,13 @@ def real_activation_peak(config, r: TraceRequest) -> int:
     with tracker:
         tracker.track_all(list(model.parameters()) + [p.grad for p in model.parameters()] + list(batch.values()))
         base = tracker.reset_peak()
-        micro_step(model, batch, r.precision)
+        micro_step(model, batch, r.autocast)
     return tracker.peak - base
 
 
 def test_fake_trace_equals_real_cpu_step():
     config = tiny_llama(3)
-    r = req(precision="fp32")
+    r = req(activations="fp32")
     assert run_trace(config, 3, r) == real_activation_peak(config, r)
 
 
@@ -56,7 +56,7 @@ def test_fake_trace_close_to_real_cpu_step_under_autocast():
     (RMSNorm's backward against the embedding's), so one fp32 (b, s, h) tensor per block is live at the real
     step's peak and not at the trace's: a few percent in this tiny model, less in real ones."""
     config = tiny_llama(3)
-    r = req(precision="bf16-mixed")
+    r = req(activations="mixed")
     assert run_trace(config, 3, r) == pytest.approx(real_activation_peak(config, r), rel=0.05)
 
 
@@ -96,7 +96,7 @@ def test_gpu_view_drops_attention_dropout_masks_and_adds_overheads():
     assert gpu.activations < cpu.activations  # CPU SDPA with dropout saves s x s tensors; GPU kernels do not
     assert cpu.overhead == 0 and cpu.peak == cpu.peak_allocated
     assert gpu.overhead > 0 and gpu.peak > gpu.peak_allocated
-    assert gpu.terms["cuda_context"] > 0
+    assert gpu.terms.cuda_context > 0
 
 
 def test_7b_traced_estimate_is_fast():

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import plan
+from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.hardware import lookup_gpu
 from planner.lr import scale_lr
@@ -63,10 +64,16 @@ def test_fit_test_against_budget():
     assert not fits and "OOM by 1.0 GiB" in reason
 
     class Bound(M):
-        method = "analytic-lower-bound"
+        method = "states-only"
 
     fits, reason = judge(None, Bound(), 9 * 2**30)
     assert not fits and "at least 10.0 GiB" in reason
+
+    class Screen(M):  # rejected on an estimate: never "OOM"
+        method = "analytic-screen"
+
+    fits, reason = judge(None, Screen(), 9 * 2**30)
+    assert not fits and "estimated peak 10.0 GiB" in reason and "OOM" not in reason
 
 
 @pytest.mark.parametrize("optimizer,rule", [("adamw", "sqrt"), ("adam", "sqrt"), ("lion", "sqrt"), ("sgd", "linear"),
@@ -97,7 +104,8 @@ def _tps(**kw):
     args = dict(micro_batch=4, grad_accum=4, seq_len=2048, precision="bf16-mixed", checkpointing="none", zero_stage=0,
                 offload="none", world_size=8, gpus_per_node=8)
     args.update(kw)
-    return step_time(SPEC, lookup_gpu(A100), **args).tokens_per_s
+    seq_len, per_node = args.pop("seq_len"), args.pop("gpus_per_node")
+    return step_time(SPEC, lookup_gpu(A100), Config(**args), seq_len=seq_len, gpus_per_node=per_node).tokens_per_s
 
 
 @settings(max_examples=80, deadline=None)

@@ -15,9 +15,13 @@ from importlib import resources
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import UnknownGPUError
+from planner.vocab import FLASH, FP32, PRECISION
 
 #: The GPU we plan for when none is detected and none is named. Said so in the output.
 REFERENCE_GPU = "A100-80GB"
+#: FlashAttention-2 supports Ampere, Ada and Hopper GPUs (Dao-AILab/flash-attention README, "Installation and
+#: features": "FlashAttention-2 currently supports: Ampere, Ada, or Hopper GPUs").
+FLASH_ATTENTION_MIN_CC = (8, 0)
 
 
 class GPU(BaseModel):
@@ -51,20 +55,34 @@ class GPU(BaseModel):
     def memory_gib(self) -> float:
         return self.memory_bytes / 2**30
 
+    @property
+    def compute_capability_tuple(self) -> tuple[int, int]:
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
     def peak_tflops(self, precision: str) -> float:
-        """Dense tensor-core peak for the precision the matmuls run in.
+        """Dense peak for the dtype the precision's matmuls run in (`PrecisionInfo.compute`).
 
         fp32 training uses the plain FP32 pipes (TF32 is off by default in torch since 1.12).
         """
-        if precision in ("bf16-mixed", "bf16-true"):
-            if not self.bf16 or self.peak_tflops_bf16 is None:
-                raise ValueError(f"{self.name} has no bf16 support")
-            return self.peak_tflops_bf16
-        if precision == "fp16-mixed":
-            return self.peak_tflops_fp16
-        if precision == "fp32":
-            return self.peak_tflops_fp32
-        raise ValueError(f"unknown precision {precision!r}")
+        if precision not in PRECISION:
+            raise ValueError(f"unknown precision {precision!r}")
+        compute = PRECISION[precision].compute
+        peak = getattr(self, f"peak_tflops_{compute}", None)
+        if peak is None:
+            raise ValueError(f"{self.name} has no {compute} support")
+        return peak
+
+    def cannot_run(self, precision: str, attention: str | None = None) -> str | None:
+        """Why this GPU cannot run a precision (or attention implementation), or None."""
+        if PRECISION[precision].needs_bf16 and not self.bf16:
+            return f"{self.name} has no bf16 (compute capability {self.compute_capability} < 8.0)"
+        if attention == FLASH and self.compute_capability_tuple < FLASH_ATTENTION_MIN_CC:
+            return (f"FlashAttention-2 needs compute capability 8.0 or newer; {self.name} has "
+                    f"{self.compute_capability}")
+        if attention == FLASH and PRECISION[precision].compute == PRECISION[FP32].compute:
+            return "FlashAttention-2 runs in fp16/bf16 only, not with fp32 matmuls"
+        return None
 
 
 class DetectedGPUs(BaseModel):

@@ -12,12 +12,12 @@ Per block, bytes per token, after Korthikanti et al. 2022 (arXiv 2205.05198, "sb
 * Attention scores (5·a·s² per sequence in the paper) exist only for eager attention; SDPA flash /
   memory-efficient kernels save the output and a log-sum-exp of a·s floats.
 * Dropout masks: 1 byte per element (torch bool) where the model applies dropout in training.
-* Logits and loss: HF upcasts logits to fp32 for the loss: T·V·(2 + 4 + 4) bytes (reference.md).
+* Logits and loss: HF upcasts logits to fp32 for the loss: T·V·(2 + 4 + 4) bytes (`LOSS_FP32_BYTES`).
 * Full checkpointing keeps each block's input plus one block's activations during its recompute;
   selective keeps the matmul and attention outputs and recomputes norms, activations and dropout.
 
-The trace (`trace.py`) is exact for what it runs; these formulas agree with it to the tolerance the
-tests pin (see tests/test_memory_analytic.py) and are the planner's fast path.
+The trace (`trace.py`) is exact for what it runs; these formulas agree with it to the tolerance
+tests/test_memory_analytic.py pins, and are the planner's fast screen.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.models.spec import ModelSpec
+from planner.vocab import ACTIVATIONS, ATTENTION, CHECKPOINTING
 
 MASK_BYTES = 1          # torch.bool dropout masks
 LSE_BYTES = 4           # flash/mem-efficient attention's fp32 log-sum-exp per (head, position)
-#: logits (16-bit, from the lm_head under autocast) + their fp32 upcast + log_softmax output (fp32)
-LOGITS_BYTES_MIXED = 2 + 4 + 4
-LOGITS_BYTES_FULL = 4 + 4
+#: HF models upcast logits to fp32 for the loss (`logits.float()` in transformers/loss/loss_utils.py
+#: `ForCausalLMLoss`) and cross_entropy keeps an fp32 log-softmax: T·V·(2 + 4 + 4) bytes under 16-bit matmuls.
+LOSS_FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,13 @@ class Widths:
     residual: int
 
     @staticmethod
-    def of(precision: str) -> "Widths":
-        if precision == "fp32":
-            return Widths(4, 4, 4)
-        if precision in ("fp16-mixed", "bf16-mixed"):
-            return Widths(2, 4, 4)
-        return Widths(2, 2, 2)  # bf16-true, DeepSpeed's 16-bit model ("half-true")
+    def of(activations: str) -> "Widths":
+        """For an activation family (`vocab.ACTIVATIONS`): autocast keeps norms and softmax in fp32."""
+        info = ACTIVATIONS[activations]
+        matmul = 2 if info.half_weights or info.autocast else 4
+        kept = 4 if info.autocast or not info.half_weights else 2
+        residual = 2 if info.half_weights else 4
+        return Widths(matmul, kept, residual)
 
 
 def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: str, checkpointing: str) -> float:
@@ -58,7 +60,7 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     qkv_in = w.matmul * h
     q_k_v = w.matmul * (h + 2 * kv_full)
     out_in = w.matmul * h
-    if attention == "eager":
+    if ATTENTION[attention].saves_scores:
         scores = seq_len * a * (w.matmul + w.kept + w.matmul)  # scores, softmax (fp32), probs cast for @V
         if spec.attention_dropout > 0:
             scores += seq_len * a * (MASK_BYTES + w.matmul)
@@ -69,25 +71,28 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     experts = spec.experts_per_token if spec.num_experts > 1 else 1
     mlp_inner = (4 if spec.gated_mlp else 2) * w.matmul * f * experts
     dropout = 2 * MASK_BYTES * h if spec.hidden_dropout > 0 else 0
-    if checkpointing == "selective":  # matmul and attention outputs only
+    if CHECKPOINTING[checkpointing].per_op_policy:  # matmul and attention outputs only
         return w.matmul * (3 * h + (3 * f if spec.gated_mlp else f) * experts) + (
-            attn_kernel if attention != "eager" else seq_len * a * w.matmul)
+            seq_len * a * w.matmul if ATTENTION[attention].saves_scores else attn_kernel)
     return norms + qkv_in + q_k_v + attn_kernel + out_in + mlp_in + mlp_inner + dropout
 
 
-def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, precision: str, attention: str,
-                     checkpointing: str, autocast_copies: bool) -> dict[str, int]:
+def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activations: str, attention: str,
+                     checkpointing: str) -> dict[str, int]:
     """Named activation terms (bytes) for one micro-batch of the whole model."""
-    w = Widths.of(precision)
+    w = Widths.of(activations)
     tokens = micro_batch * seq_len
     per_block = block_bytes_per_token(spec, w, seq_len, attention, checkpointing)
-    if checkpointing == "full":
+    info = CHECKPOINTING[checkpointing]
+    if info.enabled and not info.per_op_policy:  # full: block inputs, plus one block's activations in recompute
         blocks = spec.layers * w.residual * spec.hidden * tokens + per_block * tokens
     else:
         blocks = spec.layers * per_block * tokens
-    vocab_out = spec.vocab if spec.architecture.endswith(("LM", "LMHeadModel", "Generation", "PreTraining")) else 0
-    logits = tokens * vocab_out * (LOGITS_BYTES_MIXED if precision in ("fp16-mixed", "bf16-mixed") else LOGITS_BYTES_FULL)
+    # logits in the matmul dtype, their fp32 upcast and the fp32 log-softmax (fp32 logits need no upcast)
+    logits_bytes = w.matmul + LOSS_FP32_BYTES * (2 if w.matmul < LOSS_FP32_BYTES else 1)
+    logits = tokens * spec.logit_width * logits_bytes
     embeddings = w.residual * spec.hidden * tokens
+    autocast_copies = ACTIVATIONS[activations].autocast and not ACTIVATIONS[activations].half_weights
     copies = 2 * (spec.parameters - spec.embedding_parameters) if autocast_copies else 0
     return {"blocks": int(blocks), "logits_and_loss": int(logits), "embeddings": int(embeddings),
             "autocast_weight_copies": int(copies)}

@@ -9,6 +9,8 @@ import contextlib
 
 import torch
 
+from planner.vocab import CHECKPOINTING, OPTIMIZER, TASK, task_of_class
+
 # Selective checkpointing is torch's per-op SAC with torchtitan's policy (torchtitan/models/llama3/infra/
 # parallelize.py `_save_list` and `_get_custom_policy`): keep the outputs of the matmuls and attention
 # kernels, except every second `mm`; recompute everything else (norms, activations, dropout, elementwise).
@@ -40,13 +42,14 @@ def _sac_context():
 
 
 def enable_checkpointing(model, mode: str) -> None:
-    """none | full (each block recomputed from its input) | selective (matmul outputs kept)."""
-    if mode == "none":
+    """none | full (each block recomputed from its input) | selective (matmul outputs kept): `vocab.CHECKPOINTING`."""
+    info = CHECKPOINTING[mode]
+    if not info.enabled:
         return
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(model).__name__} does not support activation checkpointing")
     kwargs = {"use_reentrant": False}
-    if mode == "selective":
+    if info.per_op_policy:
         kwargs["context_fn"] = _sac_context
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(kwargs)
@@ -57,60 +60,44 @@ def enable_checkpointing(model, mode: str) -> None:
 
 
 def make_optimizer(model, name: str, *, foreach: bool | None = None):
-    """The torch optimizer for `name`, or SGD (no state) for ones torch lacks (their states are analytic)."""
+    """The torch optimizer for `name` (`vocab.OPTIMIZER`); ValueError for optimizers torch does not have."""
+    info = OPTIMIZER[name]
+    if info.torch_class is None or not hasattr(torch.optim, info.torch_class):
+        raise ValueError(f"torch {torch.__version__} has no {name} optimizer")
+    options = dict(item.split("=") for item in info.options.split(",") if item)
+    kwargs = {key: float(value) for key, value in options.items()}
     params = [p for p in model.parameters() if p.requires_grad]
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-4, foreach=foreach)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=foreach)
-    if name == "adafactor" and hasattr(torch.optim, "Adafactor"):
-        return torch.optim.Adafactor(params, lr=1e-2, foreach=foreach)
-    return torch.optim.SGD(params, lr=1e-2, foreach=foreach)
-
-
-def head_kind(model) -> str:
-    name = type(model).__name__
-    if name.endswith(("ForCausalLM", "LMHeadModel")):
-        return "causal"
-    if name.endswith("ForSequenceClassification"):
-        return "classification"
-    if name.endswith(("ForMaskedLM", "ForPreTraining")):
-        return "masked"
-    if name.endswith("ForConditionalGeneration") and getattr(model.config, "is_encoder_decoder", False):
-        return "seq2seq"
-    return "other"
+    return getattr(torch.optim, info.torch_class)(params, lr=1e-4, foreach=foreach, **kwargs)
 
 
 def make_batch(model, micro_batch: int, seq_len: int, device="cpu") -> dict:
+    """Random token ids and the labels the model's head trains on (`vocab.TASK`)."""
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 1000))
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
-    kind = head_kind(model)
-    if kind == "classification":
-        labels = torch.randint(0, max(2, model.config.num_labels), (micro_batch,), device=device)
-        return {"input_ids": ids, "labels": labels}
-    if kind == "masked" and type(model).__name__.endswith("ForPreTraining"):
-        return {"input_ids": ids}
-    if kind in ("causal", "masked", "seq2seq"):
+    labels = TASK[task_of_class(type(model).__name__)].labels
+    num_labels = max(2, int(getattr(model.config, "num_labels", 2)))
+    if labels == "class":
+        return {"input_ids": ids, "labels": torch.randint(0, num_labels, (micro_batch,), device=device)}
+    if labels == "token-class":
+        return {"input_ids": ids, "labels": torch.randint(0, num_labels, (micro_batch, seq_len), device=device)}
+    if labels == "tokens" and not type(model).__name__.endswith("ForPreTraining"):
         return {"input_ids": ids, "labels": ids.clone()}
     return {"input_ids": ids}
 
 
-def autocast_context(precision: str, device_type: str):
-    if precision == "bf16-mixed":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    if precision == "fp16-mixed":
-        return torch.autocast(device_type, dtype=torch.float16)
-    return contextlib.nullcontext()
+def autocast_context(dtype_name: str | None, device_type: str):
+    """torch.autocast for a dtype name (`PrecisionInfo.autocast`), or nothing."""
+    if dtype_name is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=getattr(torch, dtype_name))
 
 
-def micro_step(model, batch: dict, precision: str, device_type: str = "cpu", loss_scale: float = 1.0) -> None:
+def micro_step(model, batch: dict, autocast: str | None, device_type: str = "cpu", loss_scale: float = 1.0) -> None:
     """Forward and backward of one micro-batch; gradients accumulate into .grad.
 
     `loss_scale` stands for fp16 loss scaling (GradScaler multiplies the loss; memory is the same).
     """
-    with autocast_context(precision, device_type):
+    with autocast_context(autocast, device_type):
         out = model(**batch)
         loss = out.loss if getattr(out, "loss", None) is not None else out[0].float().mean()
     (loss * loss_scale if loss_scale != 1.0 else loss).backward()

@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from planner.cache import load_json, store_json
+from planner.vocab import ACTIVATIONS, ATTENTION
 
 #: Block counts traced for the per-block slope. From 3 blocks on, the moment of the peak (end of the
 #: forward, or the loss's backward) no longer moves with depth, so the slope holds for any depth; 2 and 4
@@ -29,7 +30,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 8
+CACHE_VERSION = 9
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,20 @@ class TraceFit:
 class TraceRequest:
     micro_batch: int
     seq_len: int
-    precision: str          # fp32 | fp16-mixed | bf16-mixed | bf16-true | half-true (DeepSpeed's 16-bit model)
-    optimizer: str
+    activations: str        # `Config.activation_family()`: the model's weight dtype and whether autocast runs
     checkpointing: str
-    attention: str          # eager | sdpa
+    attention: str          # the traced kernel: eager, or sdpa (what flash / memory-efficient kernels save)
     attention_dropout: bool  # False reproduces GPU flash/mem-efficient kernels (dropout inside the kernel)
-    foreach: bool           # torch's default is foreach on CUDA, a per-parameter loop on CPU
+
+    @property
+    def half_weights(self) -> bool:
+        """The model runs with 16-bit weights (bf16-true, or a ZeRO/FSDP engine's working copy)."""
+        return ACTIVATIONS[self.activations].half_weights
+
+    @property
+    def autocast(self) -> str | None:
+        """The autocast dtype the traced step runs under (bf16 and fp16 have the same bytes)."""
+        return "bfloat16" if ACTIVATIONS[self.activations].autocast else None
 
 
 _memory_cache: dict[str, int] = {}
@@ -169,7 +178,7 @@ def _prepare_config(config, layers, req):
         for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
             if isinstance(getattr(cfg, name, None), (int, float)):
                 setattr(cfg, name, 0.0)
-    cfg._attn_implementation = "eager" if req.attention == "eager" else "sdpa"  # callers resolve support
+    cfg._attn_implementation = ATTENTION[req.attention].transformers  # callers resolve the model's support
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     return cfg
@@ -217,32 +226,28 @@ def _real_mask_decisions():
 
 
 def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> int:
-    """Peak bytes above params + grads + optimizer states of one fwd+bwd with `layers` blocks."""
+    """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
+    from planner.memory.step import enable_checkpointing, make_batch, micro_step
     from planner.memory.tracker import LiveStorageTracker
     from planner.models.build import build_meta
 
     cfg = _prepare_config(config, layers, req)
-    dtype = torch.bfloat16 if req.precision in ("bf16-true", "half-true") else torch.float32
-    model = build_meta(cfg, trust_remote_code=trust, dtype=dtype)
+    model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32)
     tracker = LiveStorageTracker()
     with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions():
         model.to_empty(device="cpu")
         model.tie_weights()
         model.train()
         enable_checkpointing(model, req.checkpointing)
-        optimizer = make_optimizer(model, req.optimizer, foreach=req.foreach)
         batch = make_batch(model, req.micro_batch, req.seq_len)
-        precision = "fp32" if req.precision in ("bf16-true", "half-true") else req.precision
         with tracker:
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
-            for p in model.parameters():  # gradients and optimizer states, as mid-accumulation
+            for p in model.parameters():  # gradients already allocated, as mid-accumulation
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-            optimizer.step()
             base = tracker.reset_peak()
-            micro_step(model, batch, precision)
+            micro_step(model, batch, req.autocast)
             return tracker.peak - base

@@ -7,6 +7,7 @@ HF cache; a bundled preset; the hub itself, only when online. Library callers ma
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from planner.errors import InputError, ModelNotFoundError
 from planner.models.build import build_meta, spec_from_model
 from planner.models.presets import find_preset, presets
 from planner.models.spec import ModelSpec
+from planner.models.validate import check_config
 
 __all__ = ["ModelSpec", "ResolvedModel", "resolve_model", "presets"]
 
@@ -69,7 +71,15 @@ def _from_module(module) -> ResolvedModel:
 
 
 def _from_config(config, *, name: str, origin: str, trust: bool) -> ResolvedModel:
-    model = build_meta(config, trust_remote_code=trust)
+    check_config(config, name)
+    try:
+        model = build_meta(config, trust_remote_code=trust)
+    except InputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a config transformers cannot build from is bad input
+        raise InputError(f"transformers cannot build {name} from its config: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:200] if str(err) else ''}", flag="--model",
+                         hint="Check config.json against the model's documented fields.") from err
     spec = spec_from_model(model, config, name=name, source=origin)
     return ResolvedModel(spec=spec, config=config, trust_remote_code=trust)
 
@@ -134,18 +144,43 @@ def _hub_reachable() -> bool:
 
 
 def _load_config(where: str, trust: bool):
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
+    _check_json(where)
     try:
         return AutoConfig.from_pretrained(where, trust_remote_code=trust)
     except ValueError as err:
         if "trust_remote_code" in str(err):
             raise InputError("this model's config needs its own code", flag="--trust-remote-code",
                              hint="Pass --trust-remote-code to run it, if you trust its author.") from err
-        raise InputError(f"cannot read the config of {where}: {err}", flag="--model") from err
+        raise InputError(f"cannot read the config of {where}: {_one_line(err)}", flag="--model") from err
     except OSError as err:
-        raise ModelNotFoundError(f"cannot load {where}: {str(err).splitlines()[0]}", flag="--model",
+        raise ModelNotFoundError(f"cannot load {where}: {_one_line(err)}", flag="--model",
                                  hint=_how_to_pass()) from err
+    except (StrictDataclassError, TypeError, KeyError, AttributeError) as err:  # a field transformers rejects
+        raise InputError(f"cannot read the config of {where}: {_one_line(err)}", flag="--model",
+                         hint="Fix the value in config.json.") from err
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return text[:300] if text else type(err).__name__
+
+
+def _check_json(where: str) -> None:
+    """A local config.json must hold a JSON object (transformers fails obscurely on null or a list)."""
+    path = Path(where) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path} is not valid JSON: {err}", flag="--model") from err
+    if not isinstance(data, dict):
+        kind = "null" if data is None else type(data).__name__
+        raise InputError(f"{path} holds a JSON {kind}, not an object of config fields",
+                         flag="--model", hint="config.json must be a JSON object such as {\"model_type\": ...}.")
 
 
 def _preset_config(data: dict, trust: bool):

@@ -12,6 +12,7 @@ import json
 
 from planner.errors import InputError
 from planner.models.spec import ModelSpec
+from planner.vocab import EAGER, FLASH, SDPA
 
 # Auto classes tried, in order, when a config names no architecture.
 _FALLBACK_AUTO = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModel")
@@ -82,13 +83,25 @@ def _untie_t5_v11_head(model, config) -> None:
         head.weight = torch.nn.Parameter(torch.empty_like(embed.weight))
 
 
+#: The class attribute transformers sets where a model supports an attention implementation
+#: (transformers/modeling_utils.py `PreTrainedModel._supports_sdpa` / `_supports_flash_attn`).
+_SUPPORT_FLAG = {SDPA: "_supports_sdpa", FLASH: "_supports_flash_attn"}
+
+
 def effective_attention(config, requested: str, trust_remote_code: bool = False) -> str:
-    """The attention kernel family the model will really use: models without SDPA support run eager."""
-    if requested == "eager":
-        return "eager"
+    """The attention implementation the model will really use: SDPA falls back to eager for models without SDPA
+    support (as transformers does); FlashAttention-2 on a model without it is an InputError."""
+    flag = _SUPPORT_FLAG.get(requested)
+    if flag is None:
+        return requested
     cls = model_class(config, trust_remote_code)
     target = getattr(cls, "auto", cls)
-    return requested if getattr(target, "_supports_sdpa", True) else "eager"
+    if getattr(target, flag, True):
+        return requested
+    if requested == FLASH:
+        raise InputError(f"{getattr(target, '__name__', 'this model')} has no FlashAttention-2 support in this "
+                         "transformers", flag="--attention", hint="Use --attention sdpa (or eager).")
+    return EAGER
 
 
 def _layer_keys(config) -> list[str]:
@@ -199,4 +212,5 @@ def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
                                     "dropout", default=0.0) or 0.0),
         position=position, config_hash=config_hash(config),
         layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
+        num_labels=int(getattr(config, "num_labels", 0) or 0),
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.vocab import TASK, TOKEN_LABELS, Task, task_of_class
+
 
 class ModelSpec(BaseModel):
     """Exact counts come from the model built on the meta device; shapes from its config."""
@@ -37,6 +39,7 @@ class ModelSpec(BaseModel):
     position: str = "learned"   # learned | rope | alibi | relative
     layer_class: str = ""       # the repeated block's class (FSDP wraps it), from _no_split_modules
     config_hash: str = ""       # sha256 of the config's JSON, keys sorted (cache key)
+    num_labels: int = 0         # classifier outputs (sequence / token classification heads)
 
     @property
     def head_dim(self) -> int:
@@ -45,3 +48,26 @@ class ModelSpec(BaseModel):
     @property
     def non_embedding_parameters(self) -> int:
         return self.parameters - self.embedding_parameters
+
+    @property
+    def block_parameters(self) -> int:
+        """Parameters of one repeated block (what FSDP gathers at a time), on average."""
+        return self.non_embedding_parameters // max(1, self.layers)
+
+    @property
+    def task(self) -> Task:
+        """What the head trains for, from its class name (`vocab.TASK`)."""
+        return task_of_class(self.architecture)
+
+    @property
+    def has_lm_head(self) -> bool:
+        """Logits over the vocabulary (causal, masked, seq2seq LM heads)."""
+        return TASK[self.task].lm_head
+
+    @property
+    def logit_width(self) -> int:
+        """Logits per token position the loss reads: the vocabulary for LM heads, else the labels (per token for
+        token classification; a classifier's one row per sequence is negligible and counted as 0)."""
+        if self.has_lm_head:
+            return self.vocab
+        return self.num_labels if TASK[self.task].labels == TOKEN_LABELS else 0

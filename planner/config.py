@@ -1,0 +1,155 @@
+"""`Config`: one training configuration, and every rule derived from it, as methods (litgpt's `Config` habit).
+
+Memory, speed, search, probes, emitters and views ask a `Config` rather than re-deriving from its strings:
+byte widths, the traced program's family, the probing family, the engine's limits, the label.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.vocab import (
+    CHECKPOINTING,
+    DEFAULT_SHARDING_ENGINE,
+    ENGINE,
+    OFFLOAD,
+    PRECISION,
+    UNSHARDED_ENGINE,
+    Checkpointing,
+    Engine,
+    Offload,
+    Precision,
+)
+from planner.vocab import (
+    activation_family as family_for,
+)
+
+FP32_BYTES = 4
+
+
+class Config(BaseModel):
+    """One candidate: how a global batch is split and which memory/speed techniques it uses."""
+
+    model_config = ConfigDict(frozen=True)
+
+    micro_batch: int = Field(gt=0, description="samples per GPU per forward/backward")
+    grad_accum: int = Field(gt=0, description="micro-batches accumulated per optimizer step (N)")
+    world_size: int = Field(gt=0, description="data-parallel GPUs")
+    precision: Precision
+    checkpointing: Checkpointing
+    zero_stage: int = Field(ge=0, le=3, description="sharding stage in ZeRO numbering (0: none)")
+    offload: Offload
+    engine: Engine = Field(default=None, validate_default=False,  # type: ignore[assignment]
+                           description="torch at stage 0; the sharding engine (default deepspeed) above")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_engine(cls, data):
+        if isinstance(data, dict) and data.get("engine") is None:
+            data = {**data, "engine": DEFAULT_SHARDING_ENGINE if data.get("zero_stage") else UNSHARDED_ENGINE}
+        return data
+
+    @model_validator(mode="after")
+    def _engine_can_run_it(self) -> "Config":
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @classmethod
+    def of(cls, **fields) -> "Config":
+        """A validated Config; a bad field or combination raises ValueError naming it in one line."""
+        try:
+            return cls(**fields)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{where}: {message}" if where else message) from None
+
+    def problem(self) -> str | None:
+        """Why this combination cannot run, or None."""
+        engine = ENGINE[self.engine]
+        offload = OFFLOAD[self.offload]
+        if offload.optimizer_on_cpu and not self.sharded:
+            return "offload needs a ZeRO engine (ZeRO stage >= 1)"
+        if offload.params_on_cpu and self.zero_stage != 3:
+            return "offloading parameters needs ZeRO stage 3"
+        if self.zero_stage not in engine.zero_stages:
+            stages = ", ".join(map(str, engine.zero_stages))
+            return f"the {self.engine} engine runs ZeRO stage {stages}, not {self.zero_stage}"
+        if self.offload not in engine.offloads[self.zero_stage]:
+            return (f"the {self.engine} engine cannot offload {self.offload} at stage {self.zero_stage} "
+                    f"(it can: {', '.join(engine.offloads[self.zero_stage])})")
+        if self.zero_stage and not PRECISION[self.precision].zero_engines:
+            return f"{self.precision} runs on the torch engine only (ZeRO engines keep fp32 master weights)"
+        return None
+
+    # --- sizes
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    @property
+    def sharded(self) -> bool:
+        return self.zero_stage > 0
+
+    def weight_bytes(self) -> int:
+        """Bytes per parameter of the working weights the GPU computes with."""
+        info = PRECISION[self.precision]
+        return info.zero_weight_bytes if self.sharded else info.weight_bytes
+
+    def grad_bytes(self) -> int:
+        """Bytes per trainable parameter of the gradients autograd produces (the weights' dtype)."""
+        return self.weight_bytes()
+
+    def master_bytes(self) -> int:
+        """Bytes per trainable parameter a ZeRO engine adds for fp32 master weights (0 without)."""
+        return FP32_BYTES if self.sharded and PRECISION[self.precision].zero_master else 0
+
+    def state_width(self) -> int:
+        """Bytes per element of optimizer states that follow the parameters' dtype."""
+        return PRECISION[self.precision].weight_bytes if not self.sharded else FP32_BYTES
+
+    # --- families
+    def activation_family(self) -> str:
+        """The traced program's weights and autocast: fp32; mixed (autocast over fp32 weights); half (a 16-bit
+        model without autocast: bf16-true, and DeepSpeed's 16-bit working copy); half+autocast (FSDP's 16-bit
+        working copy under accelerate's autocast)."""
+        info, engine = PRECISION[self.precision], ENGINE[self.engine]
+        if info.autocast is None:
+            return family_for(half_weights=info.weight_bytes < FP32_BYTES, autocast=False)
+        return family_for(half_weights=engine.half_working_copy, autocast=engine.autocast)
+
+    def trace_family(self) -> tuple[str, str]:
+        """Candidates whose activations come from the same traced program (and calibrate each other)."""
+        return self.activation_family(), self.checkpointing
+
+    def family(self) -> tuple:
+        """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one: they have the
+        same bytes and speed, so views, probes and probe calibration treat them as one family."""
+        info = PRECISION[self.precision]
+        precision = "mixed" if info.autocast else self.precision
+        return precision, self.checkpointing, self.zero_stage, self.offload, self.engine
+
+    @staticmethod
+    def family_text(family: tuple) -> str:
+        """A family as text (the key of a plan's calibration table)."""
+        return " / ".join(str(x) for x in family)
+
+    # --- ranking and display
+    def complexity(self) -> int:
+        """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation."""
+        return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
+                + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1))
+
+    def parallelism_label(self) -> str:
+        if self.world_size == 1 and not self.sharded:
+            return "single GPU"
+        return ENGINE[self.engine].stage_names[self.zero_stage]
+
+    def label(self) -> str:
+        off = f" + offload {self.offload}" if OFFLOAD[self.offload].optimizer_on_cpu else ""
+        ck = f", {self.checkpointing} ckpt" if CHECKPOINTING[self.checkpointing].enabled else ""
+        return (f"mb {self.micro_batch} x N {self.grad_accum} x {self.world_size} GPU, {self.precision}{ck}, "
+                f"{self.parallelism_label()}{off}")

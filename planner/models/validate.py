@@ -1,0 +1,46 @@
+"""A model config checked before anything is built from it: the sizes a plan depends on must be positive integers
+that fit together. A config is user input, so a bad one is an InputError naming the field, never a crash."""
+
+from __future__ import annotations
+
+import math
+
+from planner.errors import InputError
+
+#: Sizes checked, each as the attribute names configs spell it in, and the largest value taken as sane.
+SIZES = {
+    "hidden size": (("hidden_size", "d_model", "n_embd"), 2**20),
+    "attention heads": (("num_attention_heads", "n_head", "encoder_attention_heads"), 2**14),
+    "layers": (("num_hidden_layers", "num_layers", "n_layer", "encoder_layers"), 2**14),
+    "vocabulary size": (("vocab_size",), 2**26),
+}
+OPTIONAL = {"intermediate size": (("intermediate_size", "n_inner", "d_ff", "ffn_dim"), 2**24)}
+
+
+def check_config(config, where: str) -> None:
+    """Raise InputError (flag --model) for a config whose sizes are missing, not positive integers, or do not fit
+    together (a hidden size the heads do not divide)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    values = {}
+    for what, (names, limit) in {**SIZES, **OPTIONAL}.items():
+        name = next((n for n in names if getattr(text, n, None) is not None), None)
+        if name is None:
+            if what in SIZES:
+                raise InputError(f"{where}: the config has no {what} ({' / '.join(names)})", flag="--model")
+            continue
+        values[what] = _positive_int(getattr(text, name), name, limit, where)
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim is None and values["hidden size"] % values["attention heads"]:
+        raise InputError(f"{where}: hidden size {values['hidden size']} is not divisible by "
+                         f"{values['attention heads']} attention heads", flag="--model",
+                         hint="Fix hidden_size or num_attention_heads in config.json.")
+
+
+def _positive_int(value, name: str, limit: int, where: str) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        ok, value = True, int(value)
+    if not ok or not 1 <= value <= limit:
+        raise InputError(f"{where}: {name} must be an integer from 1 to {limit:,}, got {value!r}", flag="--model",
+                         hint="Fix the value in config.json.")
+    return value

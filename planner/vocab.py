@@ -1,0 +1,299 @@
+"""The planner's vocabulary: every kind of choice, defined once, each value with what it means.
+
+Each kind is a table from value to the facts other modules need about it; its `Literal` alias is derived from the
+table, so a new value is one line here. Request validation, the CLI's choices, the search space, the emitters and
+the probes all read these tables; rules that combine several kinds live on `planner.config.Config`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+
+@dataclass(frozen=True)
+class PrecisionInfo:
+    doc: str
+    weight_bytes: int          # bytes per stored parameter (and gradient) under the torch engine
+    compute: str               # the matmuls' dtype: names the GPU catalog's peak (`GPU.peak_tflops`)
+    autocast: str | None       # torch.autocast dtype (a `torch` attribute name), None without autocast
+    zero_weight_bytes: int     # the working weights (and gradients) a ZeRO/FSDP engine keeps per parameter
+    zero_master: bool          # a ZeRO engine keeps an fp32 master copy and fp32 gradient partition too
+    loss_scaling: bool         # fp16 gradients underflow without dynamic loss scaling
+    needs_bf16: bool           # needs bf16 tensor cores (compute capability >= 8.0)
+    zero_engines: bool         # DeepSpeed/FSDP can run it (they keep fp32 master weights; pure bf16 is torch-only)
+    trainer_flag: str | None   # the TrainingArguments flag that turns it on (bf16 / fp16), None for none
+    accelerate: str            # accelerate's `mixed_precision` value
+    in_auto: bool              # `--precision auto` may choose it (pure bf16 changes the numerics: only on request)
+
+
+PRECISION: dict[str, PrecisionInfo] = {
+    "fp32": PrecisionInfo("fp32 weights, gradients, optimizer states and matmuls (TF32 off, torch's default)",
+                          4, "fp32", None, 4, False, False, False, True, None, "no", True),
+    "fp16-mixed": PrecisionInfo("fp32 weights; torch.autocast runs matmuls in fp16; dynamic loss scaling",
+                                4, "fp16", "float16", 2, True, True, False, True, "fp16", "fp16", True),
+    "bf16-mixed": PrecisionInfo("fp32 weights; torch.autocast runs matmuls in bf16 (Ampere and later)",
+                                4, "bf16", "bfloat16", 2, True, False, True, True, "bf16", "bf16", True),
+    "bf16-true": PrecisionInfo("bf16 weights, gradients and optimizer states, no autocast and no fp32 master "
+                               "copy (torchtune-style pure bf16); torch engine only; chosen only on request",
+                               2, "bf16", None, 2, False, False, True, False, None, "no", False),
+}
+Precision = Literal[tuple(PRECISION)]  # type: ignore[valid-type]
+FP32 = "fp32"
+#: `estimate_memory`'s default (the design contract's example)
+DEFAULT_PRECISION = "bf16-mixed"
+#: The precision request that lets the planner choose.
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ActivationsInfo:
+    doc: str
+    half_weights: bool         # the traced model computes with 16-bit weights
+    autocast: bool             # the traced forward runs under autocast
+
+
+#: The traced program's weights and autocast, which decide the activations' dtypes (`Config.activation_family`).
+ACTIVATIONS: dict[str, ActivationsInfo] = {
+    "fp32": ActivationsInfo("fp32 weights, no autocast", False, False),
+    "mixed": ActivationsInfo("fp32 weights under autocast (16-bit casts of matmul inputs)", False, True),
+    "half": ActivationsInfo("16-bit weights, no autocast (bf16-true; DeepSpeed's 16-bit module)", True, False),
+    "half+autocast": ActivationsInfo("16-bit weights under autocast (FSDP2's working copy under accelerate)", True,
+                                     True),
+}
+ActivationFamily = Literal[tuple(ACTIVATIONS)]  # type: ignore[valid-type]
+
+
+def activation_family(half_weights: bool, autocast: bool) -> str:
+    return next(k for k, v in ACTIVATIONS.items() if (v.half_weights, v.autocast) == (half_weights, autocast))
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    doc: str
+    state_bytes: int                # optimizer state bytes per trainable parameter when states are fp32
+    lr_rule: str                    # LR scaling the `auto` rule applies: sqrt (Adam-family), linear (SGD-family)
+    trainer: str                    # transformers TrainingArguments.optim (transformers/training_args.py OptimizerNames)
+    torch_class: str | None = None  # torch.optim class traces and benchmarks build; None: not in torch
+    options: str = ""               # extra arguments, in TrainingArguments.optim_args' "key=value,..." form
+    deepspeed: str | None = None    # DeepSpeed optimizer block type; None: a client optimizer the Trainer builds
+    adam_betas: bool = False        # takes Adam's betas and eps
+    follows_weights: bool = True    # states take the parameters' dtype (bf16-true halves them); quantised do not
+    factored: bool = False          # second moment factored per matrix (shape-dependent bytes)
+
+
+#: state_bytes: adam/adamw exp_avg + exp_avg_sq (4 + 4); sgd-momentum momentum_buffer (4); lion exp_avg (4, Chen et al.
+#: 2023, arXiv 2302.06675); adamw-8bit two uint8 states (bitsandbytes blockwise quantisation; its per-block fp32 absmax
+#: adds 2 x 4 B per 2048 elements, 0.004 B/param); adafactor is shape-dependent (`states.adafactor_state_elements`).
+#: "adam" is emitted as the Trainer's fused AdamW with weight decay 0, which is Adam.
+OPTIMIZER: dict[str, OptimizerInfo] = {
+    "adamw": OptimizerInfo("AdamW (decoupled weight decay); fused on CUDA", 8, "sqrt", "adamw_torch_fused",
+                           torch_class="AdamW", deepspeed="AdamW", adam_betas=True),
+    "adam": OptimizerInfo("Adam (emitted with weight decay 0, where it equals AdamW)", 8, "sqrt", "adamw_torch_fused",
+                          torch_class="Adam", deepspeed="Adam", adam_betas=True),
+    "sgd": OptimizerInfo("plain SGD, no state", 0, "linear", "sgd", torch_class="SGD"),
+    "sgd-momentum": OptimizerInfo("SGD with momentum 0.9 (one fp32 buffer)", 4, "linear", "sgd", torch_class="SGD",
+                                  options="momentum=0.9"),
+    "adafactor": OptimizerInfo("Adafactor: factored second moment, no first moment", 4, "sqrt", "adafactor",
+                               torch_class="Adafactor", factored=True),
+    "adamw-8bit": OptimizerInfo("bitsandbytes AdamW8bit: two uint8 states", 2, "sqrt", "adamw_bnb_8bit",
+                                adam_betas=True, follows_weights=False),
+    "lion": OptimizerInfo("Lion: sign update, one momentum state (bitsandbytes on the torch engine)", 4, "sqrt",
+                          "lion_32bit", deepspeed="Lion"),
+}
+Optimizer = Literal[tuple(OPTIMIZER)]  # type: ignore[valid-type]
+DEFAULT_OPTIMIZER, ADAMW_8BIT = "adamw", "adamw-8bit"
+
+
+@dataclass(frozen=True)
+class CheckpointingInfo:
+    doc: str
+    enabled: bool              # blocks run under torch.utils.checkpoint
+    per_op_policy: bool        # selective: torch's per-op SAC policy decides what is saved (step.py)
+    moving_parts: int          # tie-break weight (fewer moving parts win among equally fast candidates)
+
+
+CHECKPOINTING: dict[str, CheckpointingInfo] = {
+    "none": CheckpointingInfo("every activation kept for the backward", False, False, 0),
+    "selective": CheckpointingInfo("matmul and attention outputs kept (every second mm recomputed), the rest "
+                                   "recomputed: torchtitan's per-op policy", True, True, 1),
+    "full": CheckpointingInfo("only each block's input kept; the block's forward recomputed in the backward",
+                              True, False, 2),
+}
+Checkpointing = Literal[tuple(CHECKPOINTING)]  # type: ignore[valid-type]
+NO_CHECKPOINTING, SELECTIVE, FULL = "none", "selective", "full"
+
+
+@dataclass(frozen=True)
+class OffloadInfo:
+    doc: str
+    optimizer_on_cpu: bool
+    params_on_cpu: bool
+    moving_parts: int
+
+
+OFFLOAD: dict[str, OffloadInfo] = {
+    "none": OffloadInfo("everything on the GPU", False, False, 0),
+    "optimizer": OffloadInfo("optimizer states and step on the CPU (DeepSpeed ZeRO-Offload)", True, False, 2),
+    "optimizer+params": OffloadInfo("optimizer and parameters in CPU memory (ZeRO-3 / FSDP CPU offload)", True, True,
+                                    4),
+}
+Offload = Literal[tuple(OFFLOAD)]  # type: ignore[valid-type]
+NO_OFFLOAD, OFFLOAD_OPTIMIZER, OFFLOAD_ALL = "none", "optimizer", "optimizer+params"
+
+
+@dataclass(frozen=True)
+class AttentionInfo:
+    doc: str
+    transformers: str          # config._attn_implementation
+    saves_scores: bool         # keeps the s x s attention matrix for the backward
+
+
+ATTENTION: dict[str, AttentionInfo] = {
+    "eager": AttentionInfo("the model's own matmul-softmax-matmul attention", "eager", True),
+    "sdpa": AttentionInfo("torch scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)", "sdpa",
+                          False),
+    "flash": AttentionInfo("the FlashAttention-2 package through transformers (`pip install flash-attn`; "
+                           "Ampere+ GPUs, fp16/bf16)", "flash_attention_2", False),
+}
+Attention = Literal[tuple(ATTENTION)]  # type: ignore[valid-type]
+EAGER, SDPA, FLASH = "eager", "sdpa", "flash"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    doc: str
+    zero_stages: tuple[int, ...]                 # the sharding stages it runs (ZeRO numbering)
+    offloads: dict[int, tuple[str, ...]]         # stage -> the offloads it can do at that stage
+    distributed_type: str                        # accelerate's distributed_type
+    stage_names: dict[int, str]                  # how a stage is called in this engine's own terms
+    autocast: bool                               # mixed precision runs under torch.autocast (accelerate native_amp)
+    half_working_copy: bool                      # mixed precision computes with 16-bit weights (no fp32 params)
+
+
+ENGINE: dict[str, EngineInfo] = {
+    "torch": EngineInfo("plain PyTorch: one GPU or DDP (no sharding)", (0,), {0: ("none",)}, "MULTI_GPU",
+                        {0: "DDP"}, True, False),
+    # DeepSpeed converts the module to 16 bits and runs it without autocast (deepspeed/runtime/engine.py
+    # `_configure_distributed_model`: module.half() / module.bfloat16()); accelerate skips native_amp for it
+    # (accelerate/accelerator.py `Accelerator.__init__`, the mixed-precision block).
+    "deepspeed": EngineInfo("DeepSpeed ZeRO stages 1-3 with CPU offload of the optimizer (and, at stage 3, the "
+                            "parameters)", (1, 2, 3),
+                            {1: ("none", "optimizer"), 2: ("none", "optimizer"),
+                             3: ("none", "optimizer", "optimizer+params")}, "DEEPSPEED",
+                            {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}, False, True),
+    # FSDP2 through accelerate: MixedPrecisionPolicy(param_dtype=bf16/fp16) gathers 16-bit weights, and accelerate
+    # also wraps the forward in autocast (native_amp) (accelerate/utils/dataclasses.py
+    # `FullyShardedDataParallelPlugin.set_mixed_precision`; accelerator.py `prepare_model`).
+    "fsdp": EngineInfo("PyTorch FSDP2 through accelerate: SHARD_GRAD_OP-like (stage 2) or FULL_SHARD (stage 3); CPU "
+                       "offload moves parameters, gradients and the optimizer step together", (2, 3),
+                       {2: ("none",), 3: ("none", "optimizer+params")}, "FSDP",
+                       {2: "FSDP SHARD_GRAD_OP", 3: "FSDP FULL_SHARD"}, True, True),
+}
+Engine = Literal[tuple(ENGINE)]  # type: ignore[valid-type]
+TORCH, DEEPSPEED, FSDP = "torch", "deepspeed", "fsdp"
+#: Engines a user picks for sharded candidates (`--engine`).
+SHARDING_ENGINES = (DEEPSPEED, FSDP)
+UNSHARDED_ENGINE = TORCH
+DEFAULT_SHARDING_ENGINE = DEEPSPEED
+ShardingEngine = Literal[SHARDING_ENGINES]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    doc: str
+    class_suffixes: tuple[str, ...]   # transformers head classes of this task end with one of these
+    lm_head: bool                     # logits over the vocabulary (vs. a few labels)
+    labels: str                       # what the loss compares with: tokens | class | token-class | none
+
+
+#: What a model is trained to do, read from its head class (one place for the suffix lists).
+TASK: dict[str, TaskInfo] = {
+    "causal-lm": TaskInfo("next-token prediction", ("ForCausalLM", "LMHeadModel"), True, "tokens"),
+    "seq2seq": TaskInfo("encoder-decoder generation", ("ForConditionalGeneration", "ForSeq2SeqLM"), True, "tokens"),
+    "masked-lm": TaskInfo("masked-token prediction", ("ForMaskedLM", "ForPreTraining"), True, "tokens"),
+    "seq-cls": TaskInfo("a label per sequence", ("ForSequenceClassification",), False, "class"),
+    "token-cls": TaskInfo("a label per token", ("ForTokenClassification",), False, "token-class"),
+    "other": TaskInfo("a base model or head without a known loss (trained on the mean of its output)", (), False,
+                      "none"),
+}
+Task = Literal[tuple(TASK)]  # type: ignore[valid-type]
+OTHER_TASK = "other"
+TOKEN_LABELS = "token-class"
+
+
+def task_of_class(class_name: str) -> str:
+    """The task of a transformers head class, from its name."""
+    return next((task for task, info in TASK.items() if class_name.endswith(info.class_suffixes)), OTHER_TASK)
+
+
+@dataclass(frozen=True)
+class LRScalingInfo:
+    doc: str
+    factor: Callable[[float], float] | None   # LR multiplier for k = B / B_ref; None: resolved per optimizer
+
+
+LR_SCALING: dict[str, LRScalingInfo] = {
+    "auto": LRScalingInfo("sqrt for Adam-family optimizers, linear for SGD-family (each optimizer's `lr_rule`)", None),
+    "sqrt": LRScalingInfo("scale by sqrt(B / B_ref) (Malladi et al. 2022, arXiv 2205.10287; Hoffer et al. 2017)",
+                          math.sqrt),
+    "linear": LRScalingInfo("scale by B / B_ref (Goyal et al. 2017, arXiv 1706.02677), with warmup", lambda k: k),
+    "none": LRScalingInfo("keep the base LR", lambda k: 1.0),
+}
+LRScaling = Literal[tuple(LR_SCALING)]  # type: ignore[valid-type]
+
+MEMORY_METHOD: dict[str, str] = {
+    "auto": "trace the model's step where it can be traced, else the formulas",
+    "trace": "trace the real model's step under FakeTensorMode (fails if the model cannot be traced)",
+    "analytic": "per-block formulas only (fast, approximate)",
+}
+MemoryMethod = Literal[tuple(MEMORY_METHOD)]  # type: ignore[valid-type]
+AUTO_METHOD, TRACE, ANALYTIC = "auto", "trace", "analytic"
+
+
+@dataclass(frozen=True)
+class EstimateInfo:
+    doc: str
+    exact: bool                # computed for this very program: an over-budget peak is a real OOM
+    lower_bound: bool          # provably no more than the real peak
+    understated: bool          # deliberately low (a bound or a screen): the real peak may be well above
+
+
+#: Where a MemoryEstimate's numbers come from.
+ESTIMATE: dict[str, EstimateInfo] = {
+    "trace": EstimateInfo("activations traced from the model's own step at this micro-batch", True, False, False),
+    "analytic": EstimateInfo("activations from per-block formulas", False, False, False),
+    "analytic-calibrated": EstimateInfo("formulas scaled by a trace of the same activation family", False, False,
+                                        False),
+    "analytic-screen": EstimateInfo("formulas divided by their largest over-estimate seen: a screen, not a proof",
+                                    False, False, True),
+    "states-only": EstimateInfo("model states and fixed overheads alone, no activations: a lower bound", False, True,
+                                True),
+    "probe": EstimateInfo("measured on the GPU by a probe", True, False, False),
+    "probe-calibrated": EstimateInfo("estimate corrected by probes of the same family", False, False, False),
+}
+EstimateMethod = Literal[tuple(ESTIMATE)]  # type: ignore[valid-type]
+
+
+#: What measuring a candidate can end in (`planner.types.Measurement.status`).
+MEASUREMENT_STATUS: dict[str, str] = {
+    "ok": "the candidate ran: its peaks and times are measured",
+    "oom": "the candidate ran out of memory (it does not fit)",
+    "timeout": "the probe did not finish within its time (stopped, with its process group)",
+    "error": "the probe failed for another reason (its message says why)",
+    "skipped": "not measured here (why is in the reason): the estimate stands",
+}
+MeasurementStatus = Literal[tuple(MEASUREMENT_STATUS)]  # type: ignore[valid-type]
+OK, OOM, TIMEOUT, ERROR, SKIPPED = MEASUREMENT_STATUS
+
+
+def values(kind) -> tuple[str, ...]:
+    """The values of a `Literal` alias defined here, in order."""
+    return tuple(get_args(kind))
+
+
+def choices_text(table) -> str:
+    """`a | b | c` for help texts."""
+    return " | ".join(table)
