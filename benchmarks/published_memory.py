@@ -1,4 +1,4 @@
-"""Predicted GPU memory against published measurements (shared/data/memory_calibration.json).
+"""Predicted GPU memory against published measurements (benchmarks/data/memory_calibration.json).
 
 Only the rows our model families cover: torchtitan's Llama-3.1-8B FSDP2 runs (bf16 params, fp32 master +
 AdamW, per-op selective checkpointing, no torch.compile), metric max_memory_reserved. We compare our `peak`
@@ -19,8 +19,7 @@ from pathlib import Path
 from planner import estimate_memory
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = next((p for p in (REPO.parent / "shared/data/memory_calibration.json",
-                                 Path("/work/shared/data/memory_calibration.json")) if p.exists()), None)
+DEFAULT_DATA = REPO / "benchmarks" / "data" / "memory_calibration.json"
 MODELS = {"Llama-3.1-8B": "meta-llama/Llama-3.1-8B"}
 
 
@@ -36,7 +35,7 @@ def main() -> None:
         est = estimate_memory(MODELS[row["model"]], micro_batch=row["micro_batch"], seq_len=row["seq_len"],
                               precision="bf16-mixed", checkpointing="selective", zero_stage=3,
                               world_size=row["gpus"], gpus_per_node=8, gpu="H100-80GB")
-        predicted = (est.peak - est.terms["cuda_context"]) / 2**30
+        predicted = (est.peak - est.terms.cuda_context) / 2**30
         print(f"{row['id']:16s} {row['gpus']:5d} {row['GiB']:14.1f} {predicted:14.1f} {predicted / row['GiB'] - 1:+7.1%}")
 
 

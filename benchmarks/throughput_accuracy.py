@@ -1,6 +1,6 @@
 """How well `planner.throughput.step_time` reproduces published measured training throughput.
 
-Reads shared/data/throughput_calibration.json (rows from optimised stacks: llm-foundry, NVIDIA
+Reads benchmarks/data/throughput_calibration.json (rows from optimised stacks: llm-foundry, NVIDIA
 DeepLearningExamples, torchtitan, IBM FSDP, flash-attention, ...), builds a `ModelSpec` for each row from
 its model description, predicts the row's own metric (tokens/s per GPU, samples/s in total, or MFU %) and
 reports, per source group, the median ratio predicted/published and the median |log ratio|.
@@ -14,7 +14,7 @@ monkeypatching the module's constants (the file is not edited), and prints the v
 Run from the repository root:
     HF_HUB_OFFLINE=1 python benchmarks/throughput_accuracy.py            # accuracy of the current constants
     HF_HUB_OFFLINE=1 python benchmarks/throughput_accuracy.py --fit      # + fit (well under 2 minutes)
-Options: --data PATH (default: the first of /work/shared/data/..., ../shared/data/... that exists),
+Options: --data PATH (default: benchmarks/data/throughput_calibration.json),
 --balance (fit with each source group weighted equally instead of each row), --worst N.
 """
 
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import planner.throughput as T
+from planner.config import Config
 from planner.hardware import GPU, lookup_gpu
 from planner.models.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_NAME = "throughput_calibration.json"
-DATA_CANDIDATES = (Path("/work/shared/data") / DATA_NAME, REPO.parent / "shared/data" / DATA_NAME,
-                   REPO / "shared/data" / DATA_NAME)
+DATA = REPO / "benchmarks" / "data" / DATA_NAME
 
 #: id prefix -> source group (first match wins).
 GROUPS = (("llmf-a100", "llm-foundry A100"), ("llmf-h100", "llm-foundry H100"), ("dlebert", "NVIDIA BERT"),
@@ -253,7 +253,9 @@ def constants(values: dict):
 
 
 def predict(case: Case) -> float:
-    tp = T.step_time(case.spec, case.gpu, **case.setup)
+    setup = dict(case.setup)
+    seq_len, per_node = setup.pop("seq_len"), setup.pop("gpus_per_node")
+    tp = T.step_time(case.spec, case.gpu, Config(**setup), seq_len=seq_len, gpus_per_node=per_node)
     if case.metric == "tokens_per_s_per_gpu":
         return tp.tokens_per_s / case.setup["world_size"]
     if case.metric == "samples_per_s_total":
@@ -425,8 +427,7 @@ def report_fit(cases: list[Case], weights: list[float], values: dict) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default = next((p for p in DATA_CANDIDATES if p.exists()), DATA_CANDIDATES[0])
-    parser.add_argument("--data", type=Path, default=default, help=f"calibration JSON (default {default})")
+    parser.add_argument("--data", type=Path, default=DATA, help=f"calibration JSON (default {DATA})")
     parser.add_argument("--fit", action="store_true", help="fit the efficiency constants (HF_CODE_FACTOR = 1)")
     parser.add_argument("--balance", action="store_true", help="fit with every source group weighted equally")
     parser.add_argument("--worst", type=int, default=2, help="worst cases listed per group")
