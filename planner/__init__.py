@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from planner.errors import InputError, ModelNotFoundError, NoFitError, TrainplanError, UnknownGPUError
 
-__all__ = ["plan", "estimate_memory", "Plan", "MemoryEstimate", "ModelSpec", "Candidate", "Config",
+__all__ = ["plan", "estimate_memory", "load_plan", "Plan", "MemoryEstimate", "ModelSpec", "Candidate", "Config",
            "TrainplanError", "InputError", "NoFitError", "ModelNotFoundError", "UnknownGPUError", "resolve_model"]
 __version__ = "0.1.0"
 
@@ -19,7 +19,8 @@ _LAZY = {
     "MemoryEstimate": ("planner.memory.estimate", "MemoryEstimate"),
     "Plan": ("planner.types", "Plan"),
     "Candidate": ("planner.types", "Candidate"),
-    "Config": ("planner.types", "Config"),
+    "Config": ("planner.config", "Config"),
+    "load_plan": ("planner.prepare", "load_plan"),
     "ModelSpec": ("planner.models.spec", "ModelSpec"),
     "resolve_model": ("planner.models", "resolve_model"),
 }

@@ -17,19 +17,8 @@ import typer
 
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.vocab import (
-    ATTENTION,
-    AUTO,
-    AUTO_METHOD,
-    CHECKPOINTING,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_SHARDING_ENGINE,
-    LR_SCALING,
-    MEMORY_METHOD,
-    OPTIMIZER,
-    PRECISION,
-    SDPA,
-    SHARDING_ENGINES,
-    choices_text,
+    ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, LR_SCALING,
+    MEMORY_METHOD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, choices_text,
 )
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -54,6 +43,7 @@ Attention = Annotated[str, Opt("--attention", help=choices_text(ATTENTION))]
 Engine = Annotated[str, Opt("--engine", help="Engine for sharded candidates: " + choices_text(SHARDING_ENGINES)
                                               + " (FSDP2: stage 2 = SHARD_GRAD_OP, 3 = FULL_SHARD).")]
 NoOffload = Annotated[bool, Opt("--no-offload", help="Never offload optimizer or parameters to the CPU.")]
+Offload = Annotated[Optional[str], Opt("--offload", help="Pin the CPU offload: " + choices_text(OFFLOAD))]
 Headroom = Annotated[Optional[float], Opt("--headroom", help="Fraction of GPU memory kept free (default 0.05).")]
 Lr = Annotated[Optional[float], Opt("--lr", help="Base learning rate, tuned at --lr-batch.")]
 LrBatch = Annotated[Optional[int], Opt("--lr-batch", help="Batch the base LR was tuned at (default: micro-batch x "
@@ -100,6 +90,7 @@ class Flags:
     attention: str = SDPA
     engine: str = DEFAULT_SHARDING_ENGINE
     no_offload: bool = False
+    offload: str | None = None
     headroom: float | None = None
     lr: float | None = None
     lr_batch: int | None = None
@@ -130,7 +121,7 @@ def main_command(
     gpus_per_node: GpusPerNode = None, nodes: Nodes = _D.nodes, optimizer: Optimizer = _D.optimizer,
     precision: Precision = _D.precision, micro_batch: MicroBatch = None, checkpointing: Checkpointing = None,
     zero_stage: ZeroStage = None, attention: Attention = _D.attention, engine: Engine = _D.engine,
-    no_offload: NoOffload = False, headroom: Headroom = None, lr: Lr = None, lr_batch: LrBatch = None,
+    no_offload: NoOffload = False, offload: Offload = None, headroom: Headroom = None, lr: Lr = None, lr_batch: LrBatch = None,
     lr_scaling: LrScaling = _D.lr_scaling, memory_method: MemoryMethod = _D.memory_method,
     trust_remote_code: TrustRemoteCode = False, as_json: AsJson = False, emit_dir: EmitDir = None, force: Force = False,
     main_process_ip: MainIp = None, main_process_port: MainPort = _D.main_process_port,
@@ -210,9 +201,15 @@ def _request(flags: Flags):
         model=flags.model, global_batch=flags.batch, seq_len=flags.seq_len, gpu=flags.gpu,
         gpus_per_node=flags.gpus_per_node, nodes=flags.nodes, optimizer=flags.optimizer, precision=flags.precision,
         micro_batch=flags.micro_batch, checkpointing=flags.checkpointing, zero_stage=flags.zero_stage,
-        attention=flags.attention, offload=not flags.no_offload, headroom=flags.headroom, lr=flags.lr,
+        attention=flags.attention, offload=_offload(flags), headroom=flags.headroom, lr=flags.lr,
         lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling, memory_method=flags.memory_method,
         engine=flags.engine, trust_remote_code=flags.trust_remote_code)
+
+
+def _offload(flags: Flags) -> bool | str:
+    if flags.offload is not None and flags.no_offload:
+        raise InputError("cannot be combined with --no-offload", flag="--offload", hint="Use --offload none.")
+    return flags.offload if flags.offload is not None else not flags.no_offload
 
 
 def _emit_options(flags: Flags, nodes: int):

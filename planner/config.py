@@ -9,20 +9,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.vocab import (
-    CHECKPOINTING,
-    DEFAULT_SHARDING_ENGINE,
-    ENGINE,
-    OFFLOAD,
-    PRECISION,
-    UNSHARDED_ENGINE,
-    Checkpointing,
-    Engine,
-    Offload,
-    Precision,
+    CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION, UNSHARDED_ENGINE,
+    Checkpointing, Engine, Offload, Precision,
 )
-from planner.vocab import (
-    activation_family as family_for,
-)
+from planner.vocab import activation_family as family_for
 
 FP32_BYTES = 4
 
@@ -83,6 +73,20 @@ class Config(BaseModel):
                     f"(it can: {', '.join(engine.offloads[self.zero_stage])})")
         if self.zero_stage and not PRECISION[self.precision].zero_engines:
             return f"{self.precision} runs on the torch engine only (ZeRO engines keep fp32 master weights)"
+        return None
+
+    def optimizer_problem(self, optimizer: str) -> str | None:
+        """Why this configuration cannot train with `optimizer`, or None: DeepSpeed's offload steps on the CPU with
+        its own optimizers only (deepspeed/runtime/engine.py `_configure_zero_optimizer`: ZeRO-Offload needs
+        DeepSpeedCPUAdam unless zero_force_ds_cpu_optimizer is off), and FSDP's CPU offload steps with a torch
+        optimizer on the host."""
+        info, offload = OPTIMIZER[optimizer], OFFLOAD[self.offload]
+        if not offload.optimizer_on_cpu:
+            return None
+        if self.engine == DEEPSPEED and info.deepspeed is None:
+            return f"DeepSpeed offloads only its own optimizers (Adam, AdamW, Lion), not {optimizer}"
+        if self.engine == FSDP and info.torch_class is None:
+            return f"FSDP's CPU offload steps a torch optimizer on the host; {optimizer} runs on the GPU only"
         return None
 
     # --- sizes

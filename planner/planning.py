@@ -13,19 +13,8 @@ from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, 
 from planner.suggest import suggestions
 from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
-    ATTENTION,
-    AUTO,
-    AUTO_METHOD,
-    CHECKPOINTING,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_SHARDING_ENGINE,
-    ENGINE,
-    LR_SCALING,
-    MEMORY_METHOD,
-    OPTIMIZER,
-    PRECISION,
-    SDPA,
-    SHARDING_ENGINES,
+    ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, LR_SCALING,
+    MEMORY_METHOD, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES,
 )
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
@@ -41,7 +30,7 @@ def plan(
     model, global_batch: int, *, gpu: str | None = None, gpus_per_node: int | None = None, nodes: int = 1,
     seq_len: int | None = None, optimizer: str = DEFAULT_OPTIMIZER, precision: str = AUTO, micro_batch: int | None = None,
     checkpointing: str | None = None, zero_stage: int | None = None, attention: str = SDPA,
-    offload: bool = True, headroom: float | None = None, lr: float | None = None, lr_batch: int | None = None,
+    offload: bool | str = True, headroom: float | None = None, lr: float | None = None, lr_batch: int | None = None,
     lr_scaling: str = AUTO, memory_method: str = AUTO_METHOD, measure: Callable | None = None,
     trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
     progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
@@ -51,13 +40,14 @@ def plan(
 
     _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch)
     _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine)
+    offloads = _offloads(offload)
     hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect)  # cheap: fail fast on a bad --gpu
     gpu_entry = hw.lookup_gpu(hardware.gpu)
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
     world = hardware.gpus_per_node * hardware.nodes
     s = _sequence(seq_len, resolved.spec)
-    space = _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offload,
-                   micro_batch, engine, attention)
+    space = _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads,
+                   micro_batch, engine, attention, optimizer)
     evaluation = Evaluation(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                             gpus_per_node=hardware.gpus_per_node)
     evaluator = MemoryEvaluator(evaluation, memory_method)
@@ -77,7 +67,8 @@ def plan(
         from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 
         budget_s = DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s
-        draft = refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s)
+        draft = refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s,
+                                         estimate=evaluator.estimate)
     return _with_learning_rates(draft, lr_args)
 
 
@@ -115,8 +106,19 @@ def _sequence(seq_len: int | None, spec) -> int:
     return s
 
 
-def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offload, micro_batch,
-           engine, attention) -> SearchSpace:
+def _offloads(offload: bool | str) -> tuple[str, ...]:
+    """The offloads the search may use: all (True), none (False), or the one asked for."""
+    if offload is True:
+        return tuple(OFFLOAD)
+    if offload is False:
+        return (NO_OFFLOAD,)
+    if offload not in OFFLOAD:
+        raise InputError(f"unknown offload {offload!r}", flag="--offload", hint=f"Use one of {', '.join(OFFLOAD)}.")
+    return (offload,)
+
+
+def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads, micro_batch,
+           engine, attention, optimizer) -> SearchSpace:
     if global_batch % world:
         low, high = nearest_valid_batches(global_batch, world)
         raise InputError(f"global batch {global_batch} is not divisible by {world} GPUs", flag="--batch",
@@ -127,8 +129,8 @@ def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, z
     return SearchSpace(
         global_batch=global_batch, world_size=world, gpus_per_node=hardware.gpus_per_node,
         precisions=_precisions(precision, gpu_entry, attention), checkpointing=tuple(CHECKPOINTING) if checkpointing is None
-        else (checkpointing,), zero_stages=_zero_stages(zero_stage, world, offload, engine), allow_offload=offload,
-        micro_batch=micro_batch, engine=engine)
+        else (checkpointing,), zero_stages=_zero_stages(zero_stage, world, offloads, engine), offloads=offloads,
+        micro_batch=micro_batch, engine=engine, optimizer=optimizer)
 
 
 def _hardware(gpu, gpus_per_node, nodes, headroom, detect) -> Hardware:
@@ -191,7 +193,8 @@ def _precision_notes(precision: str, gpu) -> tuple[str, ...]:
     return ()
 
 
-def _zero_stages(value: int | None, world: int, offload: bool, engine: str) -> tuple[int, ...]:
+def _zero_stages(value: int | None, world: int, offloads: tuple[str, ...], engine: str) -> tuple[int, ...]:
+    offload = any(OFFLOAD[o].optimizer_on_cpu for o in offloads)
     stages = (0, *ENGINE[engine].zero_stages)
     if value is None:  # on one GPU only offload makes sharding worth it, and stage 1 is stage 2 there
         return stages if world > 1 else tuple(s for s in stages if s != 1) if offload else (0,)

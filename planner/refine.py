@@ -47,12 +47,15 @@ class _Clock:
 
 
 def refine_with_measurements(plan, measure: Callable, resolved, *, budget_s: float = DEFAULT_PROBE_BUDGET_S,
-                             progress: Callable | None = None):
+                             progress: Callable | None = None, estimate: Callable | None = None):
+    """Probe, calibrate and re-rank. `estimate(config)` gives the modelled memory of a configuration the probes ran
+    in place of a candidate (fewer processes than planned): the plan adds the modelled difference."""
     context = ProbeContext(resolved, plan.seq_len, plan.optimizer, plan.attention, plan.hardware.gpu, plan)
     clock = _Clock(budget_s)
     records, measured = [], {}
     for members in _families(plan)[:FAMILIES_PROBED]:
         for cand, result in _walk_family(members, measure, context, plan.hardware.budget_bytes, clock, progress):
+            result = _as_candidate(result, cand, estimate)
             records.append(_record(cand, result))
             measured[cand.config] = (cand, result)
         if clock.left() < MIN_PROBE_S:
@@ -103,6 +106,19 @@ def _walk_family(members, measure, context, budget, clock: _Clock, progress):
                 return
         else:
             return
+
+
+def _as_candidate(result: Measurement, cand: Candidate, estimate: Callable | None) -> Measurement:
+    """A run with fewer processes than the candidate plans (this node lacks the GPUs) measured one rank of a
+    smaller job: add the modelled per-rank difference (buckets, partitions) between the two."""
+    cfg = cand.config
+    if result.status != OK or result.processes >= cfg.world_size or estimate is None:
+        return result
+    ran = cfg.model_copy(update={"world_size": result.processes, "grad_accum": result.grad_accum or cfg.grad_accum})
+    planned, measured_as = estimate(cfg), estimate(ran)
+    allocated = result.peak_allocated + planned.peak_allocated - measured_as.peak_allocated
+    reserved = result.peak_reserved + planned.peak_reserved - measured_as.peak_reserved
+    return result.model_copy(update={"peak_allocated": max(0, allocated), "peak_reserved": max(0, reserved)})
 
 
 def _measured_peak(result: Measurement, cand: Candidate) -> int:

@@ -9,18 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from planner.errors import InputError
 from planner.vocab import (
-    AUTO,
-    AUTO_METHOD,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_SHARDING_ENGINE,
-    PRECISION,
-    SDPA,
-    Attention,
-    Checkpointing,
-    LRScaling,
-    MemoryMethod,
-    Optimizer,
-    ShardingEngine,
+    AUTO, AUTO_METHOD, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, PRECISION, SDPA, Attention, Checkpointing,
+    LRScaling, Offload, MemoryMethod, Optimizer, ShardingEngine,
 )
 
 
@@ -60,7 +50,7 @@ class PlanRequest(BaseModel):
     checkpointing: Checkpointing | None = None
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     attention: Attention = SDPA
-    offload: bool = True
+    offload: bool | Offload = True                 # True: any; False: none; or the one to use
     headroom: float | None = Field(default=None, ge=0.0, lt=0.9)
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     lr_batch: int | None = Field(default=None, gt=0, le=LIMITS.lr_batch)

@@ -15,19 +15,13 @@ from dataclasses import dataclass
 
 from planner import throughput as tp
 from planner.config import Config
+from planner.errors import InputError
 from planner.hardware import GPU
 from planner.memory import states
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.types import Candidate, ThroughputInfo
 from planner.vocab import (
-    ANALYTIC,
-    DEFAULT_SHARDING_ENGINE,
-    ENGINE,
-    ESTIMATE,
-    OFFLOAD,
-    PRECISION,
-    TRACE,
-    UNSHARDED_ENGINE,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE,
 )
 
 
@@ -39,9 +33,10 @@ class SearchSpace:
     precisions: tuple[str, ...]
     checkpointing: tuple[str, ...]
     zero_stages: tuple[int, ...]
-    allow_offload: bool
+    offloads: tuple[str, ...]                 # the offloads the search may use
     micro_batch: int | None = None
     engine: str = DEFAULT_SHARDING_ENGINE
+    optimizer: str = DEFAULT_OPTIMIZER
 
 
 def divisors(n: int) -> list[int]:
@@ -58,11 +53,9 @@ def engine_for(zero_stage: int, sharding_engine: str) -> str:
     return UNSHARDED_ENGINE if zero_stage == 0 else sharding_engine
 
 
-def offloads_for(zero_stage: int, world_size: int, allow_offload: bool, engine: str) -> list[str]:
-    """The offloads `engine` can do at this stage; ZeRO without offload buys nothing on one GPU."""
-    options = ENGINE[engine].offloads.get(zero_stage, ())
-    if not allow_offload:
-        options = tuple(o for o in options if not OFFLOAD[o].optimizer_on_cpu)
+def offloads_for(zero_stage: int, world_size: int, allowed: tuple[str, ...], engine: str) -> list[str]:
+    """The allowed offloads `engine` can do at this stage; ZeRO without offload buys nothing on one GPU."""
+    options = tuple(o for o in ENGINE[engine].offloads.get(zero_stage, ()) if o in allowed)
     if zero_stage > 0 and world_size == 1:
         options = tuple(o for o in options if OFFLOAD[o].optimizer_on_cpu)
     return list(options)
@@ -79,11 +72,29 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
         for precision in space.precisions:
             if zero > 0 and not PRECISION[precision].zero_engines:
                 continue
-            for off in offloads_for(zero, space.world_size, space.allow_offload, engine):
-                out += [Config(micro_batch=mb, grad_accum=per_gpu // mb, world_size=space.world_size,
-                               precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off, engine=engine)
-                        for mb in mbs for ckpt in space.checkpointing]
+            for off in offloads_for(zero, space.world_size, space.offloads, engine):
+                configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, world_size=space.world_size,
+                                  precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off, engine=engine)
+                           for mb in mbs for ckpt in space.checkpointing]
+                out += [c for c in configs if not c.optimizer_problem(space.optimizer)]
     return out
+
+
+def why_empty(space: SearchSpace) -> str:
+    """Why the pins leave no candidate: the first problem a pinned combination has."""
+    for zero in space.zero_stages:
+        engine = engine_for(zero, space.engine)
+        for precision in space.precisions:
+            for off in space.offloads:
+                try:
+                    cfg = Config.of(micro_batch=1, grad_accum=1, world_size=space.world_size, precision=precision,
+                                    checkpointing=space.checkpointing[0], zero_stage=zero, offload=off, engine=engine)
+                except ValueError as err:
+                    return str(err)
+                problem = cfg.optimizer_problem(space.optimizer)
+                if problem:
+                    return problem
+    return "the pinned options leave no configuration to plan"
 
 
 def model_speed(resolved, gpu: GPU, cfg: Config, seq_len: int, gpus_per_node: int, attention: str) -> ThroughputInfo:
@@ -186,6 +197,9 @@ def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, b
     analytic estimates, marked so.
     """
     configs = enumerate_configs(space)
+    if not configs:
+        raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
+                                                "--precision, --engine, --optimizer).")
     speeds = {c: model_speed(resolved, gpu, c, evaluator.seq_len, space.gpus_per_node, attention) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
     results: list[Candidate] = []

@@ -109,10 +109,14 @@ class Measurement(BaseModel):
     step_time_s: float = 0.0         # grad_accum micro-steps + one optimizer step
     tokens_per_s: float = 0.0        # per process
     processes: int = 1               # ranks the measurement ran with
+    grad_accum: int = 0              # micro-steps per optimizer step in the run (0: not said)
+    micro_batch: int = 0             # samples per micro-step in the run (0: not said)
     engine: str = ""
     reason: str = ""                 # why skipped, or the error
+    losses: tuple[float, ...] = ()   # the training loss of each step (the run's own check that it trained)
     cached: bool = False
     seconds: float = 0.0             # wall time the measurement took
+    budget_s: float = 0.0            # the time a timed-out measurement was given
 
 
 class ProbeRecord(BaseModel):
@@ -162,6 +166,8 @@ class Plan(BaseModel):
         tp = self.choice.throughput
         return {
             "model": self.model.model_dump(),
+            "optimizer": self.optimizer,
+            "attention": self.attention,
             "hardware": self.hardware.model_dump(),
             "choice": choice,
             "memory": _memory_json(self.choice.memory),

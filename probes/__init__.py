@@ -1,8 +1,9 @@
-"""Short real training steps that confirm and refine a plan: one subprocess per probe, cached on disk."""
+"""Short real training runs that confirm and refine a plan: the shipped training script under each candidate's
+emitted files, one process group per run, cached on disk."""
 
-from probes.runner import DEFAULT_TIMEOUT_S, Prober, run_probe
+from probes.runner import DEFAULT_TIMEOUT_S, Prober, run_training
 
-__all__ = ["Prober", "run_probe", "DEFAULT_TIMEOUT_S", "cuda_available"]
+__all__ = ["Prober", "run_training", "DEFAULT_TIMEOUT_S", "cuda_available"]
 
 
 def cuda_available() -> bool:

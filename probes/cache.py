@@ -1,5 +1,6 @@
-"""Probe results on disk (JSON), keyed by what makes a measurement valid elsewhere: the model's config hash,
-the GPU, torch and CUDA versions, and every setting of the candidate."""
+"""Probe results on disk (JSON), keyed by what makes a measurement valid elsewhere: the candidate's emitted files
+(engine, precision, checkpointing, split, optimizer, model), the GPU, and the torch, CUDA and library versions.
+A timeout is kept with the time it was given: a later probe with no more time reuses it, one with more runs again."""
 
 from __future__ import annotations
 
@@ -10,29 +11,34 @@ from pydantic import ValidationError
 
 from planner.cache import load_json, store_json
 from planner.types import Measurement
-from planner.vocab import OK, OOM
+from planner.vocab import OK, OOM, TIMEOUT
 
-#: Results worth keeping: a timeout or a crash is retried next time.
-CACHED_STATUSES = (OK, OOM)
-VERSION = 2
+#: Results worth keeping (an error is retried next time).
+CACHED_STATUSES = (OK, OOM, TIMEOUT)
+VERSION = 3
 
 
-def probe_key(request, gpu_name: str) -> str:
+def probe_key(files: dict[str, str], gpu_name: str, run: tuple) -> str:
+    import accelerate
     import torch
+    import transformers
 
-    fields = request.cache_fields()
-    fields.update(gpu=gpu_name, torch=torch.__version__, cuda=torch.version.cuda, version=VERSION)
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+    data = {"files": files, "gpu": gpu_name, "run": list(run), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "transformers": transformers.__version__, "accelerate": accelerate.__version__, "version": VERSION}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def load(key: str) -> Measurement | None:
+def load(key: str, budget_s: float) -> Measurement | None:
     data = load_json("probes", key)
     if data is None:
         return None
     try:
-        return Measurement.model_validate(data)
+        result = Measurement.model_validate(data)
     except ValidationError:  # written by another version: measure again
         return None
+    if result.status == TIMEOUT and budget_s > result.budget_s:
+        return None
+    return result
 
 
 def store(key: str, result: Measurement) -> None:

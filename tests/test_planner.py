@@ -29,7 +29,7 @@ def test_divisors():
 
 def test_every_candidate_hits_the_global_batch_exactly():
     space = SearchSpace(global_batch=96, world_size=8, gpus_per_node=8, precisions=("bf16-mixed", "fp32"),
-                        checkpointing=("none", "full"), zero_stages=(0, 1, 2, 3), allow_offload=True)
+                        checkpointing=("none", "full"), zero_stages=(0, 1, 2, 3), offloads=("none", "optimizer", "optimizer+params"))
     configs = enumerate_configs(space)
     assert {c.micro_batch for c in configs} == {1, 2, 3, 4, 6, 12}
     assert all(c.micro_batch * c.grad_accum * c.world_size == 96 for c in configs)
@@ -39,7 +39,7 @@ def test_every_candidate_hits_the_global_batch_exactly():
 
 def test_single_gpu_zero_only_with_offload():
     space = SearchSpace(global_batch=8, world_size=1, gpus_per_node=1, precisions=("bf16-mixed",),
-                        checkpointing=("none",), zero_stages=(0, 2, 3), allow_offload=False)
+                        checkpointing=("none",), zero_stages=(0, 2, 3), offloads=("none",))
     assert {c.zero_stage for c in enumerate_configs(space)} == {0}
 
 

@@ -1,7 +1,9 @@
-"""Probe mechanics on the CPU device with tiny models: subprocess isolation, timeout, injected OOM, cache."""
+"""Probes on the CPU with tiny models: the shipped training script under each candidate's emitted files, process
+groups, timeouts, OOM as a result, the cache, the guided walk and calibration."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -11,36 +13,36 @@ import transformers
 
 import probes.runner as runner
 from planner import plan
-from planner.refine import MAX_PROBES_PER_FAMILY
+from planner.models import resolve_model
+from planner.refine import MAX_PROBES_PER_FAMILY, ProbeContext
 from planner.types import Measurement
-from probes import Prober, run_probe
-from probes.protocol import ProbeRequest
-from probes.worker import failure
+from probes import Prober
+from probes.measure import failure
 
 FAULTS = (str(Path(__file__).with_name("probe_faults.py")),)
+A100 = "A100-80GB"
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                             vocab_size=300, architectures=["LlamaForCausalLM"]).save_pretrained(folder)
+                             vocab_size=300, max_position_embeddings=128,
+                             architectures=["LlamaForCausalLM"]).save_pretrained(folder)
     return str(folder)
 
 
-def _request(tiny_dir, **kw):
-    req = {"model_dir": tiny_dir, "config_hash": "tiny", "micro_batch": 2, "grad_accum": 2, "seq_len": 32,
-           "precision": "fp32", "checkpointing": "none", "attention": "sdpa", "optimizer": "adamw", "device": "cpu",
-           "warmup": 1, "steps": 1}
-    req.update(kw)
-    return ProbeRequest(**req)
+def _context(tiny_dir, draft):
+    return ProbeContext(resolve_model(tiny_dir), 32, "adamw", "sdpa", A100, draft)
 
 
-def test_probe_measures_memory_and_time_in_a_subprocess(tiny_dir):
-    result = run_probe(_request(tiny_dir), timeout_s=120)
+def test_probe_runs_the_training_script_under_the_candidates_files(tiny_dir):
+    draft = plan(tiny_dir, 8, gpu=A100, seq_len=32, zero_stage=0, micro_batch=2)
+    result = Prober(device="cpu", use_cache=False)(_context(tiny_dir, draft), draft.choice.config)
     assert result.status == "ok", result
     assert result.peak_allocated > 0 and result.peak_reserved >= result.peak_allocated
-    assert result.step_time_s > 0 and result.tokens_per_s > 0
+    assert result.step_time_s > 0 and result.tokens_per_s > 0 and result.engine == "torch"
+    assert len(result.losses) == 3 and all(math.isfinite(x) for x in result.losses)
 
 
 def test_out_of_memory_error_is_an_oom_result():
@@ -49,53 +51,54 @@ def test_out_of_memory_error_is_an_oom_result():
     assert failure(ValueError("bad shape")).status == "error"
 
 
-def test_injected_oom_is_a_result(tiny_dir):
-    result = run_probe(_request(tiny_dir), timeout_s=120, worker=(*FAULTS, "oom"))
-    assert result.status == "oom" and "injected" in result.reason
-
-
-def test_crash_is_contained(tiny_dir):
-    result = run_probe(_request(tiny_dir), timeout_s=120, worker=(*FAULTS, "crash"))
-    assert result.status == "error" and "code 9" in result.reason
-    assert run_probe(_request(tiny_dir), timeout_s=120).status == "ok"  # the next probe is unaffected
+@pytest.mark.parametrize("mode,status", [("oom", "oom"), ("crash", "error")])
+def test_a_failing_run_is_a_result(tiny_dir, mode, status):
+    draft = plan(tiny_dir, 8, gpu=A100, seq_len=32, zero_stage=0, micro_batch=2)
+    prober = Prober(device="cpu", use_cache=False, script=(*FAULTS, mode))
+    result = prober(_context(tiny_dir, draft), draft.choice.config)
+    assert result.status == status, result
 
 
 def test_hang_times_out_and_its_process_group_is_killed(tiny_dir):
+    draft = plan(tiny_dir, 8, gpu=A100, seq_len=32, zero_stage=0, micro_batch=2)
     start = time.monotonic()
-    result = run_probe(_request(tiny_dir), timeout_s=3, worker=(*FAULTS, "hang"))
-    assert result.status == "timeout" and time.monotonic() - start < 30
+    prober = Prober(device="cpu", use_cache=False, timeout_s=8, script=(*FAULTS, "hang"))
+    result = prober(_context(tiny_dir, draft), draft.choice.config)
+    assert result.status == "timeout" and result.budget_s == pytest.approx(8, abs=1)
+    assert time.monotonic() - start < 30
 
 
 def test_second_plan_runs_no_probe(tiny_dir, monkeypatch):
-    first = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, zero_stage=0, measure=Prober(device="cpu"),
-                 probe_budget_s=120)
+    kw = dict(gpu=A100, seq_len=32, zero_stage=0, checkpointing="none", precision="bf16-mixed")
+    first = plan(tiny_dir, 16, measure=Prober(device="cpu"), probe_budget_s=300, **kw)
     assert first.probes and all(not r.measurement.cached for r in first.probes)
     assert first.choice.throughput.source == "probe" and first.choice.memory.method == "probe"
 
-    def no_subprocess(*args, **kwargs):
+    def no_run(*args, **kwargs):
         raise AssertionError("a probe ran although its result was cached")
 
-    monkeypatch.setattr(runner, "run_probe", no_subprocess)
-    second = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, zero_stage=0, measure=Prober(device="cpu"),
-                  probe_budget_s=120)
+    monkeypatch.setattr(runner, "run_training", no_run)
+    second = plan(tiny_dir, 16, measure=Prober(device="cpu"), probe_budget_s=300, **kw)
     assert second.probes and all(r.measurement.cached for r in second.probes)
     assert second.choice.config == first.choice.config
 
 
 def test_deepspeed_candidate_is_probed_through_deepspeed(tiny_dir):
     pytest.importorskip("deepspeed")
-    from planner.models import resolve_model
-    from planner.refine import ProbeContext
-    from planner.types import Config
-
-    cfg = Config(micro_batch=2, grad_accum=4, world_size=1, precision="bf16-mixed", checkpointing="none",
-                 zero_stage=2, offload="optimizer")
-    context = ProbeContext(resolve_model(tiny_dir), 32, "adamw", "sdpa", "A100-80GB")
-    result = Prober(device="cpu", timeout_s=600, use_cache=False)(context, cfg)
+    draft = plan(tiny_dir, 8, gpu=A100, seq_len=32, zero_stage=2, micro_batch=2, offload="optimizer")
+    result = Prober(device="cpu", use_cache=False, timeout_s=600)(_context(tiny_dir, draft), draft.choice.config)
     assert result.status == "ok" and result.engine == "deepspeed", result
     assert result.step_time_s > 0 and result.peak_allocated > 0
-    skipped = Prober(device="cpu")(context, cfg.model_copy(update={"world_size": 8, "grad_accum": 1}))
-    assert skipped.status == "skipped" and "modelled only" in skipped.reason
+
+
+def test_candidate_wider_than_the_node_is_measured_with_the_ranks_there_plus_the_model(tiny_dir):
+    """A DDP candidate on 8 GPUs, probed where 2 processes run: its peak is the measured rank plus the modelled
+    difference between 8-way and 2-way (labelled probe+model)."""
+    p = plan(tiny_dir, 32, gpu=A100, gpus_per_node=8, seq_len=32, zero_stage=0, precision="bf16-mixed",
+             checkpointing="none", micro_batch=2, measure=Prober(device="cpu", use_cache=False), probe_budget_s=300)
+    probed = [c for c in p.candidates if c.throughput.source != "model"]
+    assert probed and all(c.throughput.source == "probe+model" for c in probed)
+    assert all(r.measurement.processes == 2 for r in p.probes)
 
 
 def test_oom_walks_down_with_few_probes(tiny_dir):
@@ -108,7 +111,7 @@ def test_oom_walks_down_with_few_probes(tiny_dir):
         return Measurement(status="ok", peak_allocated=10_000_000, peak_reserved=12_000_000, step_time_s=1.0,
                            tokens_per_s=cfg.micro_batch * cfg.grad_accum * 32.0)
 
-    p = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, precision="fp32", checkpointing="none", zero_stage=0,
+    p = plan(tiny_dir, 16, gpu=A100, seq_len=32, precision="fp32", checkpointing="none", zero_stage=0,
              measure=measure)
     assert 1 < len(calls) <= MAX_PROBES_PER_FAMILY  # one family here: at most 3 probes to find its micro-batch
     assert p.choice.config.micro_batch == 4 and p.choice.throughput.source == "probe"  # 16 OOM, 8 OOM, 4 fits
@@ -123,7 +126,7 @@ def test_probes_calibrate_the_unprobed_candidates_of_their_family(tiny_dir):
         return Measurement(status="ok", peak_allocated=allocated, peak_reserved=int(allocated * 1.1), step_time_s=1.0,
                            tokens_per_s=1.0)
 
-    kw = dict(gpu="A100-80GB", seq_len=32, precision="fp32", checkpointing="none", zero_stage=0)
+    kw = dict(gpu=A100, seq_len=32, precision="fp32", checkpointing="none", zero_stage=0)
     base = plan(tiny_dir, 16, **kw)
     p = plan(tiny_dir, 16, measure=measure, **kw)
     family = "fp32 / none / 0 / none / torch"
@@ -147,18 +150,29 @@ def test_cli_refuses_probe_without_cuda():
     assert result.exit_code == 2 and "--probe" in result.output
 
 
-@pytest.mark.gpu
-def test_probe_on_the_gpu(tiny_dir):
-    result = run_probe(_request(tiny_dir, device="cuda", precision="bf16-mixed"), timeout_s=300)
-    assert result.status == "ok" and result.peak_reserved >= result.peak_allocated > 0
-
-
 def test_probe_budget_is_a_hard_limit(tiny_dir):
     """A probe still running when the budget ends is stopped (its process group killed), and no new one starts."""
     start = time.monotonic()
-    p = plan(tiny_dir, 16, gpu="A100-80GB", seq_len=32, zero_stage=0,
-             measure=Prober(device="cpu", use_cache=False, worker=(*FAULTS, "hang")), probe_budget_s=6)
+    p = plan(tiny_dir, 16, gpu=A100, seq_len=32, zero_stage=0,
+             measure=Prober(device="cpu", use_cache=False, script=(*FAULTS, "hang")), probe_budget_s=8)
     elapsed = time.monotonic() - start
     assert [r.measurement.status for r in p.probes] == ["timeout"]
-    assert elapsed < 6 + 20, elapsed  # the budget plus planning, not the hang's hour
+    assert elapsed < 8 + 20, elapsed  # the budget plus planning, not the hang's hour
     assert p.choice.throughput.source == "model"
+
+
+@pytest.mark.gpu
+def test_probe_on_the_gpu(tiny_dir):
+    draft = plan(tiny_dir, 8, seq_len=32, zero_stage=0, micro_batch=2, precision="bf16-mixed")
+    result = Prober(device="cuda", use_cache=False, timeout_s=300)(_context(tiny_dir, draft), draft.choice.config)
+    assert result.status == "ok" and result.peak_reserved >= result.peak_allocated > 0
+
+
+def test_bloom_probes_with_its_own_attention(tmp_path):
+    """BLOOM has no SDPA: the probe runs it eager, as the plan and the emitted files do (it used to error)."""
+    transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=300,
+                             architectures=["BloomForCausalLM"]).save_pretrained(tmp_path)
+    draft = plan(str(tmp_path), 8, gpu=A100, seq_len=32, zero_stage=0, micro_batch=2)
+    context = ProbeContext(resolve_model(str(tmp_path)), 32, "adamw", "sdpa", A100, draft)
+    result = Prober(device="cpu", use_cache=False)(context, draft.choice.config)
+    assert result.status == "ok", result

@@ -9,23 +9,8 @@ from planner.errors import InputError
 from planner.memory import analytic, states
 from planner.memory.trace import TraceRequest, trace_activations
 from planner.vocab import (
-    ANALYTIC,
-    ATTENTION,
-    AUTO_METHOD,
-    CHECKPOINTING,
-    DEEPSPEED,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_PRECISION,
-    ESTIMATE,
-    MEMORY_METHOD,
-    NO_CHECKPOINTING,
-    NO_OFFLOAD,
-    OPTIMIZER,
-    SDPA,
-    TORCH,
-    TRACE,
-    Attention,
-    EstimateMethod,
+    ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION, ESTIMATE,
+    MEMORY_METHOD, NO_CHECKPOINTING, NO_OFFLOAD, OFFLOAD, OPTIMIZER, SDPA, TORCH, TRACE, Attention, EstimateMethod,
 )
 
 MiB = 2**20
@@ -46,10 +31,16 @@ FRAGMENTATION_FLOOR_BYTES = 64 * MiB
 #: NCCL's per-process buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, plus NVLS/proxy buffers; NCCL docs,
 #: "Environment Variables"); outside the caching allocator. Only with more than one GPU.
 NCCL_BUFFER_BYTES = 512 * MiB
+#: DDP's bucket cap (torch/nn/parallel/distributed.py, `bucket_cap_mb` default 25). On the CPU, gloo's all-reduce
+#: holds a second copy of the bucket it reduces: with two ranks DDP adds 2.00x the gradient bytes on the CPU for
+#: two model sizes (benchmarks/results/engine_memory_cpu.json), where NCCL reduces the bucket in place.
+DDP_BUCKET_CAP_BYTES = 25 * MiB
 #: DeepSpeed communication buckets, in 16-bit elements, as the emitted ds_config sets them (the values
 #: transformers' "auto" derives from the hidden size, transformers/integrations/deepspeed.py
 #: `HfTrainerDeepSpeedConfig.trainer_config_finalize`): reduce = allgather = h^2, stage-3 prefetch = 0.9 h^2.
-#: overlap_comm double-buffers the reduce bucket.
+#: overlap_comm double-buffers the reduce bucket. With optimizer offload, ZeRO-1/2 also copies each gradient into a
+#: 16-bit partition buffer before it goes to the host (stage_1_and_2.py `copy_grads_in_partition`:
+#: grads_in_partition), which DeepSpeed's estimator leaves out of its model states.
 DS_REDUCE_BUCKETS_LIVE = 2
 
 
@@ -272,15 +263,15 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
             device: str) -> MemoryEstimate:
     """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
     step's. The first micro-batch of a step runs with no gradients allocated yet; later ones (grad_accum > 1) with
-    all of them."""
+    all of them. On the CPU, host memory is the device: what offload keeps there counts too."""
     transient = optimizer_transient(spec, cfg, optimizer, device)
     if cfg.grad_accum > 1 or cfg.sharded:
         tensors = ms.total + max(act, transient)
     else:
         tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
-    terms = MemoryTerms(optimizer_transient=transient)
-    if device == "cuda":
-        terms = _cuda_terms(spec, cfg, ms, max(act, transient), transient)
+    if device == "cpu":
+        tensors += ms.host_tensors
+    terms = _terms(spec, cfg, ms, max(act, transient), transient, device)
     peak_allocated = tensors + terms.allocated_overheads
     overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
     return MemoryEstimate(
@@ -290,15 +281,22 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
     )
 
 
-def _cuda_terms(spec, cfg: Config, ms: states.ModelStates, churn: int, transient: int) -> MemoryTerms:
+def _terms(spec, cfg: Config, ms: states.ModelStates, churn: int, transient: int, device: str) -> MemoryTerms:
+    """The engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver add."""
     ddp = ms.gradients if cfg.world_size > 1 and cfg.engine == TORCH else 0  # gradient_as_bucket_view=False
+    if ddp and device == "cpu":  # gloo's ring all-reduce works on a copy of one bucket (DDP_BUCKET_CAP_BYTES)
+        ddp += min(ms.gradients, DDP_BUCKET_CAP_BYTES)
     zero = 0
     if cfg.engine == DEEPSPEED:
         buckets = DeepSpeedBuckets.for_hidden(spec.hidden)
         live = DS_REDUCE_BUCKETS_LIVE * buckets.reduce_bucket_size + buckets.allgather_bucket_size
         if cfg.zero_stage == 3:
             live += buckets.stage3_prefetch_bucket_size
+        elif OFFLOAD[cfg.offload].optimizer_on_cpu:  # the 16-bit gradient partition, beside the estimator's states
+            live += spec.trainable_parameters // cfg.world_size
         zero = cfg.weight_bytes() * live
+    if device != "cuda":
+        return MemoryTerms(optimizer_transient=transient, ddp_buckets=ddp, zero_buckets=zero)
     return MemoryTerms(
         optimizer_transient=transient, cublas_workspace=CUBLAS_WORKSPACE_BYTES, ddp_buckets=ddp, zero_buckets=zero,
         allocator_slack=int(max(FRAGMENTATION_FLOOR_BYTES, FRAGMENTATION_FRACTION * churn)),

@@ -40,6 +40,10 @@ DS_Z3_GRAD_BYTES = 4
 DS_Z3_GATHERED_LAYER_BYTES = 4
 #: DeepSpeed's estimators multiply CPU memory by this for pinned buffers (`additional_buffer_factor`, same file).
 DS_CPU_BUFFER_FACTOR = 1.5
+#: With offload and gradient accumulation, DeepSpeed ZeRO-1/2 accumulates each parameter's gradient in a host
+#: buffer of the parameter's 16-bit dtype (stage_1_and_2.py `async_accumulate_grad_in_cpu_via_gpu`,
+#: `buffer_to_accumulate_to_in_cpu`: torch.zeros(param.numel(), dtype=param.dtype)).
+DS_CPU_ACCUMULATION_BYTES = 2
 #: FSDP2 prefetches the next block's all-gather while one block computes: two blocks' unsharded weights live
 #: (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: forward prefetch of one group, backward likewise).
 FSDP_GATHERED_BLOCKS = 2
@@ -47,12 +51,14 @@ FSDP_GATHERED_BLOCKS = 2
 
 @dataclass(frozen=True)
 class ModelStates:
-    """Bytes per GPU, plus what offload keeps in host memory (per node)."""
+    """Bytes per GPU, plus what offload keeps in host memory: `cpu_bytes` as DeepSpeed's estimators reserve it per
+    node (pinned buffers included), `host_tensors` the tensors one rank keeps there."""
 
     parameters: int
     gradients: int
     optimizer_states: int
     cpu_bytes: int = 0
+    host_tensors: int = 0
 
     @property
     def total(self) -> int:
@@ -132,6 +138,10 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
             grads = grads16 + grad32 // world
             optim = optim_total // world
         cpu = parameters * max(4 * world, 16) * DS_CPU_BUFFER_FACTOR if offload.optimizer_on_cpu else 0
+        host = 0
+        if offload.optimizer_on_cpu:  # fp32 master, optimizer states and fp32 gradient partition; accumulation
+            host = (optim_total + DS_GRAD32_BYTES * trainable) // world
+            host += DS_CPU_ACCUMULATION_BYTES * trainable if cfg.grad_accum > 1 else 0
     else:
         gathered = DS_Z3_GATHERED_LAYER_BYTES * largest_layer
         params = gathered + (0 if offload.params_on_cpu else parameters * width // world)
@@ -140,7 +150,10 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
         # host memory with zero.Init (zero3_init_flag, as we emit): 18 or 16 B/param over the nodes
         per_param_cpu = 18 if offload.params_on_cpu else 16
         cpu = parameters * per_param_cpu / nodes * DS_CPU_BUFFER_FACTOR if offload.optimizer_on_cpu else 0
-    return ModelStates(parameters=int(params), gradients=int(grads), optimizer_states=int(optim), cpu_bytes=int(cpu))
+        host = (optim_total + DS_GRAD32_BYTES * trainable) // world if offload.optimizer_on_cpu else 0
+        host += parameters * width // world if offload.params_on_cpu else 0
+    return ModelStates(parameters=int(params), gradients=int(grads), optimizer_states=int(optim), cpu_bytes=int(cpu),
+                       host_tensors=int(host))
 
 
 def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block) -> ModelStates:
@@ -157,6 +170,7 @@ def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block
     optim = optim_fp32 // world
     if OFFLOAD[cfg.offload].params_on_cpu:
         ranks_here = min(per_node, world)
-        cpu = (shard + grads + optim) * ranks_here
-        return ModelStates(parameters=int(gathered), gradients=0, optimizer_states=0, cpu_bytes=int(cpu))
+        host = shard + grads + optim
+        return ModelStates(parameters=int(gathered), gradients=0, optimizer_states=0, cpu_bytes=int(host * ranks_here),
+                           host_tensors=int(host))
     return ModelStates(parameters=int(shard + gathered), gradients=int(grads), optimizer_states=int(optim))

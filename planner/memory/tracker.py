@@ -1,7 +1,8 @@
 """Live-storage accounting for one process: the peak of bytes held by live tensor storages.
 
 A TorchDispatchMode sees every op; after each op it drops storages that died since the last op and
-adds the op's new outputs. Views share their base's storage and are counted once. Under FakeTensorMode
+adds the op's new outputs. Views share their base's storage and are counted once. Wrapper subclasses (FSDP2's
+DTensor) hold no storage of their own: the plain tensors inside them are what is counted. Under FakeTensorMode
 nothing is allocated, yet the accounting equals a real CPU step's (tests/test_memory_trace.py compares a fake
 trace with a real step of the same model byte for byte).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 
@@ -25,6 +26,8 @@ class LiveStorageTracker(TorchDispatchMode):
         self.peak = 0
 
     def track(self, tensor: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor's storage is its local shard, tracked on its own
+            return
         storage = tensor.untyped_storage()
         key = storage._cdata
         if key in self._live or key in self._pinned:

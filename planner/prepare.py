@@ -1,0 +1,92 @@
+"""A plan read back from `plan --emit`'s folder, applied in the user's own training script:
+
+    from planner import load_plan
+    plan = load_plan("run/plan.json")
+    model = plan.prepare(model)          # what Trainer arguments cannot say
+    args = plan.training_arguments()     # a transformers.TrainingArguments from training_args.json
+
+`prepare` applies the attention implementation the plan was made for, the parameter dtype (bf16-true trains 16-bit
+weights with no autocast) and the checkpointing policy (selective is the per-op policy the memory model traced,
+planner.memory.step; the Trainer's `gradient_checkpointing` flag can only say "full"). Under FSDP, full
+checkpointing is FSDP's own (the accelerate config says so), so `prepare` leaves it to FSDP.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner.config import Config
+from planner.errors import InputError
+from planner.vocab import ATTENTION, CHECKPOINTING, FSDP, PRECISION
+
+TRAINING_ARGS = "training_args.json"
+
+
+class LoadedPlan:
+    """plan.json and its folder: the chosen configuration and what it takes to train it."""
+
+    def __init__(self, data: dict, folder: Path):
+        self.data, self.folder = data, folder
+        choice = data["choice"]
+        self.choice = Config(**{name: choice[name] for name in Config.model_fields})
+
+    @property
+    def model_name(self) -> str:
+        return self.data["model"]["name"]
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.data["model"]["seq_len"])
+
+    @property
+    def attention(self) -> str:
+        return self.data["attention"]
+
+    @property
+    def optimizer(self) -> str:
+        return self.data["optimizer"]
+
+    def prepare(self, model):
+        """Apply to `model` what the plan assumed and the Trainer's arguments cannot express; returns the model."""
+        from planner.memory.step import enable_checkpointing
+        from planner.models.build import effective_attention
+
+        cfg = self.choice
+        kernel = ATTENTION[effective_attention(model.config, self.attention)].transformers
+        if getattr(model.config, "_attn_implementation", None) != kernel and hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(kernel)
+        if PRECISION[cfg.precision].weight_bytes < 4 and not cfg.sharded:
+            import torch
+
+            model = model.to(torch.bfloat16)
+        ckpt = CHECKPOINTING[cfg.checkpointing]
+        if ckpt.enabled and not (cfg.engine == FSDP and not ckpt.per_op_policy):
+            enable_checkpointing(model, cfg.checkpointing)
+        return model
+
+    def training_arguments_dict(self, **overrides) -> dict:
+        """training_args.json with `overrides` applied."""
+        data = json.loads((self.folder / TRAINING_ARGS).read_text())
+        data.update(overrides)
+        return data
+
+    def training_arguments(self, **overrides):
+        """A transformers.TrainingArguments built from training_args.json, with `overrides` applied."""
+        from transformers import TrainingArguments
+
+        return TrainingArguments(**self.training_arguments_dict(**overrides))
+
+
+def load_plan(path) -> LoadedPlan:
+    """Read a plan written by `plan --emit` (plan.json, or the folder holding it). Raises InputError."""
+    path = Path(path).expanduser()
+    file = path / "plan.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read the plan {file}: {err}", flag="--plan",
+                         hint="Pass the plan.json that `plan --emit DIR` wrote (or DIR).") from err
+    if not isinstance(data, dict) or not {"choice", "model", "attention", "optimizer"} <= set(data):
+        raise InputError(f"{file} is not a plan written by `plan --emit`", flag="--plan")
+    return LoadedPlan(data, file.parent)

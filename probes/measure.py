@@ -1,0 +1,116 @@
+"""What a training run measures, as a transformers TrainerCallback: the time of each optimizer step's micro-steps
+and optimizer step, and the peak memory after the warm-up steps (CUDA's counters, or on the CPU the live-storage
+tracker the memory model's trace uses, so a CPU run is measured as the trace counts)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+
+from transformers import TrainerCallback
+
+from planner.memory.tracker import LiveStorageTracker
+from planner.types import Measurement
+from planner.vocab import ERROR, OK, OOM
+
+
+class StepMeter(TrainerCallback):
+    """Times the phases of every optimizer step; resets the memory peak when the warm-up ends."""
+
+    def __init__(self, warmup: int, cuda: bool, model):
+        self.warmup, self.cuda, self.model = warmup, cuda, model
+        self.tracker = None if cuda else LiveStorageTracker()
+        self.steps: list[tuple[float, float, float]] = []  # (micro-steps, optimizer step, whole step) seconds
+        self.losses: list[float] = []
+        self.micro_steps: list[int] = []   # micro-steps seen per optimizer step
+        self._t: dict[str, float] = {}
+        self._substeps = 0
+
+    def _now(self) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def tracking(self):
+        """Track live tensors for the whole run (CPU only); CUDA counts by itself."""
+        if self.tracker is None:
+            yield
+            return
+        with self.tracker:
+            self.tracker.track_all(list(self.model.parameters()) + list(self.model.buffers()))
+            yield
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t["begin"] = self._now()
+        self._substeps = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._substeps += 1
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._t["pre"] = self._now()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self._t["post"] = self._now()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        end = self._now()
+        begin, pre, post = self._t["begin"], self._t.get("pre", end), self._t.get("post", end)
+        self.micro_steps.append(self._substeps + 1)
+        if state.global_step > self.warmup:
+            self.steps.append((pre - begin, post - pre, end - begin))
+        if state.global_step == self.warmup:
+            self._reset_peak()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.warmup == 0:
+            self._reset_peak()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+    def _reset_peak(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.tracker.reset_peak()
+
+    def peaks(self) -> tuple[int, int]:
+        if self.cuda:
+            import torch
+
+            return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        return self.tracker.peak, self.tracker.peak
+
+    def measurement(self, *, micro_batch: int, seq_len: int, processes: int, engine: str, wall_s: float) -> Measurement:
+        if not self.steps:
+            raise RuntimeError("no optimizer step was measured")
+        grad_accum = max(self.micro_steps)
+        tokens_per_step = micro_batch * grad_accum * seq_len
+        micro = statistics.median(s[0] for s in self.steps) / grad_accum
+        optim = statistics.median(s[1] for s in self.steps)
+        step = statistics.median(s[2] for s in self.steps)
+        if not all(math.isfinite(x) for x in self.losses):
+            raise FloatingPointError(f"the loss is not finite: {self.losses}")
+        allocated, reserved = self.peaks()
+        return Measurement(status=OK, peak_allocated=int(allocated), peak_reserved=int(reserved),
+                           micro_step_s=micro, optimizer_step_s=optim, step_time_s=step,
+                           tokens_per_s=tokens_per_step / step, processes=processes, engine=engine,
+                           micro_batch=micro_batch, grad_accum=grad_accum, losses=tuple(self.losses), seconds=wall_s)
+
+
+def failure(err: BaseException) -> Measurement:
+    """A failed run as a result: an out-of-memory error is an OOM (the candidate does not fit), anything else an
+    error."""
+    import torch
+
+    oom = isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+    return Measurement(status=OOM if oom else ERROR, reason=f"{type(err).__name__}: {str(err)[:500]}")
