@@ -1,6 +1,7 @@
 """How far the analytic activation formulas (planner/memory/analytic.py) are from traces of HF model code.
 
-For each model, activation family and checkpointing mode it traces the whole-model activations (3 and 4 blocks,
+For each model, activation family and checkpointing mode it traces the whole-model activations of a micro-step
+with the gradients allocated (as the formulas count them; 3 and 4 blocks,
 extrapolated) and prints traced / analytic. The search relies on two claims this table checks and
 tests/test_memory_analytic.py pins on a subset: the analytic estimate is never more than
 `search.ANALYTIC_MAX_OVERESTIMATE` times the traced one (the screen divides by it), and decoder LLMs sit near 1
@@ -31,7 +32,7 @@ def ratios(name: str, seq: int, micro_batch: int = 2) -> list[tuple[str, str, fl
     out = []
     for precision in PRECISIONS:
         for ckpt in CHECKPOINTING:
-            cfg = Config(micro_batch=micro_batch, grad_accum=1, world_size=1, precision=precision,
+            cfg = Config(micro_batch=micro_batch, grad_accum=2, world_size=1, precision=precision,
                          checkpointing=ckpt, zero_stage=0, offload="none")
             traced, _ = evaluation.activations(cfg, TRACE)
             analytic, _ = evaluation.activations(cfg, ANALYTIC)

@@ -49,7 +49,7 @@ def plan(
     space = _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads,
                    micro_batch, engine, attention, optimizer)
     evaluation = Evaluation(resolved, seq_len=s, optimizer=optimizer, attention=attention,
-                            gpus_per_node=hardware.gpus_per_node)
+                            gpus_per_node=hardware.gpus_per_node, gpu=gpu_entry)
     evaluator = MemoryEvaluator(evaluation, memory_method)
     ranked = search(resolved, gpu_entry, space, evaluator, hardware.budget_bytes, attention,
                     host_budget=hardware.host_memory_bytes)

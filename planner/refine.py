@@ -155,10 +155,12 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
     act = int(mem.activations * calib.activation_ratio)
     slack = int(act * calib.allocator_slack)
     peak_allocated = mem.peak_allocated + act - mem.activations
-    peak = mem.peak + (act - mem.activations) + (slack - mem.terms.allocator_slack)
+    # measured on this GPU: the model's error margin is replaced by the measurement
+    peak = mem.peak + (act - mem.activations) + (slack - mem.terms.allocator_slack) - mem.terms.error_margin
     memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
                                     "method": "probe-calibrated",
-                                    "terms": mem.terms.model_copy(update={"allocator_slack": slack})})
+                                    "terms": mem.terms.model_copy(update={"allocator_slack": slack,
+                                                                          "error_margin": 0})})
     fits = peak <= budget
     reason = (f"fits (calibrated by probes): peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB" if fits else
               f"estimated peak {peak / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB (calibrated by probes)")
@@ -200,7 +202,8 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     peak = _measured_peak(result, cand)
     memory = mem.model_copy(update={"peak_allocated": result.peak_allocated, "peak": peak, "method": "probe",
                                     "terms": mem.terms.model_copy(
-                                        update={"allocator_slack": result.peak_reserved - result.peak_allocated})})
+                                        update={"allocator_slack": result.peak_reserved - result.peak_allocated,
+                                                "error_margin": 0})})
     cfg, model_tp = cand.config, cand.throughput
     step_s, source = result.step_time_s, "probe"
     if result.processes < cfg.world_size:  # ranks measured alone: add what they did not do, the communication

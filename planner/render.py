@@ -11,7 +11,8 @@ from planner.vocab import ESTIMATE
 
 GiB = 2**30
 _PARTS = (("parameters", "params", "cyan"), ("gradients", "grads", "magenta"),
-          ("optimizer_states", "optim", "yellow"), ("activations", "activ", "green"), ("overhead", "other", "red"))
+          ("optimizer_states", "optim", "yellow"), ("activations", "activ", "green"), ("overhead", "other", "red"),
+          ("margin", "margin", "bright_black"))
 
 
 def gib(n: float) -> str:
@@ -64,6 +65,7 @@ def summary(plan) -> Panel:
         f"{cfg.parallelism_label()}, offload [bold]{cfg.offload}[/]",
         f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
         f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
+        _closeness(c.memory, h),
     ]
     if plan.lr.learning_rate is not None:
         lines.append(f"learning rate {plan.lr.learning_rate:.3g} = {plan.lr.base_lr:.3g} x {plan.lr.factor:.3g} "
@@ -74,6 +76,15 @@ def summary(plan) -> Panel:
     body = Group(Text.from_markup("\n".join(lines)), Text(""),
                  memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
     return Panel(body, title="trainplan", border_style="green")
+
+
+def _closeness(mem, hardware) -> str:
+    """How close to the card the plan runs, and what the margin is for."""
+    text = (f"runs at {mem.peak / hardware.gpu_memory_bytes:.0%} of the card: predicted {gib(mem.peak_process)} "
+            f"(allocated {gib(mem.peak_allocated)}, reserved {gib(mem.peak_reserved)})")
+    if mem.margin:
+        text += f" + {gib(mem.margin)} margin for the model's measured error on activations"
+    return text
 
 
 def alternatives(plan, limit: int = 5) -> Table:

@@ -101,6 +101,6 @@ def _with_optimizer(evaluator, optimizer, world, precision):
     """The least-memory configuration with another optimizer (a second evaluation; traces are shared)."""
     base = evaluator.evaluation
     other = MemoryEvaluator(Evaluation(base.resolved, seq_len=base.seq_len, optimizer=optimizer,
-                                       attention=base.attention, gpus_per_node=base.gpus_per_node),
+                                       attention=base.attention, gpus_per_node=base.gpus_per_node, gpu=base.gpu),
                             evaluator.method)
     return other.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))

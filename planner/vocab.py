@@ -163,6 +163,26 @@ EAGER, SDPA, FLASH = "eager", "sdpa", "flash"
 
 
 @dataclass(frozen=True)
+class KernelInfo:
+    doc: str
+    saves_scores: bool         # keeps the s x s attention matrix (and the dropout mask) for the backward
+    traced_as: str             # the implementation the CPU trace runs (config._attn_implementation)
+    sdpa_backend: str | None   # torch.nn.attention.SDPBackend the trace forces (None: torch's own choice)
+
+
+#: The attention kernel a step really runs (planner/memory/kernels.py picks it), and how the CPU trace reproduces
+#: what it saves: flash and memory-efficient kernels keep the output and a log-sum-exp (dropout runs inside the
+#: kernel), which the CPU's flash kernel saves too; math and eager keep the scores.
+KERNEL: dict[str, KernelInfo] = {
+    "eager": KernelInfo("the model's own matmul-softmax-matmul", True, "eager", None),
+    "flash": KernelInfo("FlashAttention (SDPA's flash backend, or the flash-attn package)", False, "sdpa", None),
+    "efficient": KernelInfo("SDPA's memory-efficient backend (xformers-style; fp32 too)", False, "sdpa", None),
+    "math": KernelInfo("SDPA's math fallback: matmul, softmax, matmul in ATen", True, "sdpa", "MATH"),
+}
+Kernel = Literal[tuple(KERNEL)]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     doc: str
     zero_stages: tuple[int, ...]                 # the sharding stages it runs (ZeRO numbering)
@@ -235,6 +255,15 @@ class LRScalingInfo:
     factor: Callable[[float], float] | None   # LR multiplier for k = B / B_ref; None: resolved per optimizer
 
 
+#: What the backward starts from.
+OBJECTIVE: dict[str, str] = {
+    "labels": "the head's own loss on labels, as the Trainer trains",
+    "sum": "the sum of the model's first output (benchmarks that call logits.sum().backward())",
+}
+Objective = Literal[tuple(OBJECTIVE)]  # type: ignore[valid-type]
+LABELS_OBJECTIVE = "labels"
+
+
 LR_SCALING: dict[str, LRScalingInfo] = {
     "auto": LRScalingInfo("sqrt for Adam-family optimizers, linear for SGD-family (each optimizer's `lr_rule`)", None),
     "sqrt": LRScalingInfo("scale by sqrt(B / B_ref) (Malladi et al. 2022, arXiv 2205.10287; Hoffer et al. 2017)",
@@ -259,6 +288,7 @@ class EstimateInfo:
     exact: bool                # computed for this very program: an over-budget peak is a real OOM
     lower_bound: bool          # provably no more than the real peak
     understated: bool          # deliberately low (a bound or a screen): the real peak may be well above
+    measured: bool = False     # measured on the GPU (no margin for the model's error)
 
 
 #: Where a MemoryEstimate's numbers come from.
@@ -271,8 +301,8 @@ ESTIMATE: dict[str, EstimateInfo] = {
                                     False, False, True),
     "states-only": EstimateInfo("model states and fixed overheads alone, no activations: a lower bound", False, True,
                                 True),
-    "probe": EstimateInfo("measured on the GPU by a probe", True, False, False),
-    "probe-calibrated": EstimateInfo("estimate corrected by probes of the same family", False, False, False),
+    "probe": EstimateInfo("measured on the GPU by a probe", True, False, False, True),
+    "probe-calibrated": EstimateInfo("estimate corrected by probes of the same family", False, False, False, True),
 }
 EstimateMethod = Literal[tuple(ESTIMATE)]  # type: ignore[valid-type]
 

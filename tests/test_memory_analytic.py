@@ -21,7 +21,7 @@ RATIO_RANGE = (1 / ANALYTIC_MAX_OVERESTIMATE, 2.5)
 @pytest.mark.parametrize("checkpointing", ["none", "selective", "full"])
 def test_analytic_stays_within_the_screens_bounds(name, seq, micro_batch, checkpointing):
     evaluation = Evaluation(resolve_model(name), seq_len=seq, optimizer="adamw")
-    cfg = Config(micro_batch=micro_batch, grad_accum=1, world_size=1, precision="bf16-mixed",
+    cfg = Config(micro_batch=micro_batch, grad_accum=2, world_size=1, precision="bf16-mixed",
                  checkpointing=checkpointing, zero_stage=0, offload="none")
     traced, used = evaluation.activations(cfg, TRACE)
     analytic, _ = evaluation.activations(cfg, ANALYTIC)

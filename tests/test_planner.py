@@ -173,7 +173,7 @@ def test_nothing_fits_says_what_would():
     with pytest.raises(NoFitError) as info:
         plan("meta-llama/Llama-3.1-70B", 8, gpu="T4-16GB", seq_len=2048, offload=False)
     text = "\n".join(info.value.suggestions)
-    assert "More GPUs" in text and "GiB" in text
+    assert "Offload" in text and "GiB" in text  # more T4s do not help: the gathered embedding and logits stay
     assert info.value.exit_code == 1
     assert not info.value.plan.choice.fits
 

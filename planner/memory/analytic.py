@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.models.spec import ModelSpec
-from planner.vocab import ACTIVATIONS, ATTENTION, CHECKPOINTING
+from planner.vocab import ACTIVATIONS, CHECKPOINTING, KERNEL
 
 MASK_BYTES = 1          # torch.bool dropout masks
 LSE_BYTES = 4           # flash/mem-efficient attention's fp32 log-sum-exp per (head, position)
@@ -60,7 +60,7 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     qkv_in = w.matmul * h
     q_k_v = w.matmul * (h + 2 * kv_full)
     out_in = w.matmul * h
-    if ATTENTION[attention].saves_scores:
+    if KERNEL[attention].saves_scores:
         scores = seq_len * a * (w.matmul + w.kept + w.matmul)  # scores, softmax (fp32), probs cast for @V
         if spec.attention_dropout > 0:
             scores += seq_len * a * (MASK_BYTES + w.matmul)
@@ -73,7 +73,7 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     dropout = 2 * MASK_BYTES * h if spec.hidden_dropout > 0 else 0
     if CHECKPOINTING[checkpointing].per_op_policy:  # matmul and attention outputs only
         return w.matmul * (3 * h + (3 * f if spec.gated_mlp else f) * experts) + (
-            seq_len * a * w.matmul if ATTENTION[attention].saves_scores else attn_kernel)
+            seq_len * a * w.matmul if KERNEL[attention].saves_scores else attn_kernel)
     return norms + qkv_in + q_k_v + attn_kernel + out_in + mlp_in + mlp_inner + dropout
 
 

@@ -7,10 +7,13 @@ from pydantic import BaseModel, ConfigDict
 from planner.config import Config
 from planner.errors import InputError
 from planner.memory import analytic, states
+from planner.memory.gpu import ACTIVATION_MARGIN, ANALYTIC_SLACK_FRACTION, states_slack
+from planner.memory.kernels import attention_kernel
 from planner.memory.trace import TraceRequest, trace_activations
 from planner.vocab import (
-    ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION, ESTIMATE,
-    MEMORY_METHOD, NO_CHECKPOINTING, NO_OFFLOAD, OFFLOAD, OPTIMIZER, SDPA, TORCH, TRACE, Attention, EstimateMethod,
+    ACTIVATIONS, ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
+    ESTIMATE, KERNEL, LABELS_OBJECTIVE, MEMORY_METHOD, OBJECTIVE, NO_CHECKPOINTING, NO_OFFLOAD, OFFLOAD, OPTIMIZER, SDPA, TORCH, TRACE, Attention,
+    EstimateMethod,
 )
 
 MiB = 2**20
@@ -24,10 +27,6 @@ CUDA_CONTEXT_BYTES = 768 * MiB
 #: default CUBLAS_WORKSPACE_CONFIG ":4096:8" = 32 MiB on Hopper (aten/src/ATen/cuda/CublasHandlePool.cpp
 #: `getChosenWorkspaceSize`), less before.
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
-#: Caching-allocator slack, reserved - allocated: blocks round to 512 B, large ones live in 2 MiB+ segments that the
-#: step's changing shapes fragment (c10/cuda/CUDACachingAllocator.cpp). A share of what the step allocates and frees.
-FRAGMENTATION_FRACTION = 0.10
-FRAGMENTATION_FLOOR_BYTES = 64 * MiB
 #: NCCL's per-process buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, plus NVLS/proxy buffers; NCCL docs,
 #: "Environment Variables"); outside the caching allocator. Only with more than one GPU.
 NCCL_BUFFER_BYTES = 512 * MiB
@@ -73,6 +72,7 @@ class MemoryTerms(BaseModel):
     allocator_slack: int = 0       # reserved - allocated
     cuda_context: int = 0          # outside the caching allocator
     nccl_buffers: int = 0          # outside the caching allocator
+    error_margin: int = 0          # held back for the model's measured error on activations (`gpu.ACTIVATION_MARGIN`)
 
     @property
     def allocated_overheads(self) -> int:
@@ -86,7 +86,9 @@ class MemoryTerms(BaseModel):
 
 
 class MemoryEstimate(BaseModel):
-    """Bytes per GPU. `peak_allocated` predicts torch.cuda.max_memory_allocated(); `peak` what must fit."""
+    """Bytes per GPU. `peak_allocated` predicts torch.cuda.max_memory_allocated(), `peak_reserved`
+    max_memory_reserved(), `peak_process` the process total nvidia-smi shows; `peak` is what must fit: the process
+    total plus a margin for the model's measured error on activations (none for measured or CPU estimates)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -112,6 +114,17 @@ class MemoryEstimate(BaseModel):
         return self.peak_allocated + self.terms.allocator_slack
 
     @property
+    def margin(self) -> int:
+        """Held back for the model's measured error (part of `peak`)."""
+        return self.terms.error_margin
+
+    @property
+    def peak_process(self) -> int:
+        """Predicted device memory of the process (what nvidia-smi shows): reserved plus what lives outside the
+        caching allocator. `peak` adds the error margin to it: that is what must fit."""
+        return self.peak_reserved + self.terms.outside_allocator
+
+    @property
     def exact(self) -> bool:
         """Computed for this very program (traced or measured), so an over-budget peak is a real OOM."""
         return ESTIMATE[self.method].exact
@@ -122,13 +135,14 @@ def estimate_memory(
     optimizer: str = DEFAULT_OPTIMIZER, checkpointing: str = NO_CHECKPOINTING, zero_stage: int = 0, offload: str = NO_OFFLOAD,
     world_size: int = 1, gpus_per_node: int | None = None, attention: str = SDPA, device: str = "cuda",
     gpu: str | None = None, grad_accum: int = 1, method: str = AUTO_METHOD, trust_remote_code: bool = False,
-    engine: str | None = None,
+    engine: str | None = None, objective: str = LABELS_OBJECTIVE,
 ) -> MemoryEstimate:
     """Per-GPU memory of one training configuration (see the README's library section).
 
     `method`: "trace" runs the model's step under FakeTensorMode (exact for what HF code saves), "analytic" uses
     formulas (< 0.1 s), "auto" traces unless the model cannot be traced. `gpu` (a catalog name) checks that the GPU
-    can run the precision and attention kernel asked for.
+    can run the precision and attention kernel asked for, and picks the kernel and overheads it has. `objective`
+    "sum" starts the backward from the output's sum instead of the head's loss (as some benchmarks do).
     """
     from planner.models import resolve_model
 
@@ -142,10 +156,12 @@ def estimate_memory(
                         checkpointing=checkpointing, zero_stage=zero_stage, offload=offload, engine=engine)
     except ValueError as err:
         raise InputError(str(err)) from err
-    if gpu is not None:
-        _check_gpu(gpu, cfg, attention)
+    if objective not in OBJECTIVE:
+        raise InputError(f"objective must be one of {', '.join(OBJECTIVE)}")
+    entry = _check_gpu(gpu, cfg, attention) if gpu is not None else None
     evaluator = Evaluation(resolved, seq_len=seq_len or resolved.spec.seq_len, optimizer=optimizer,
-                           attention=attention, gpus_per_node=gpus_per_node, device=device)
+                           attention=attention, gpus_per_node=gpus_per_node, device=device, gpu=entry,
+                           objective=objective)
     return evaluator.estimate(cfg, method)
 
 
@@ -166,13 +182,14 @@ def _check(micro_batch, seq_len, checkpointing, attention, device, method, world
         raise InputError("world_size and grad_accum must be >= 1")
 
 
-def _check_gpu(gpu: str, cfg: Config, attention: str) -> None:
+def _check_gpu(gpu: str, cfg: Config, attention: str):
     from planner import hardware
 
     entry = hardware.lookup_gpu(gpu)
     problem = entry.cannot_run(cfg.precision, attention)
     if problem:
         raise InputError(problem, flag="--precision" if "bf16" in problem else "--attention")
+    return entry
 
 
 class Evaluation:
@@ -180,9 +197,11 @@ class Evaluation:
     formula), device overheads. The search keeps one and asks it for every candidate."""
 
     def __init__(self, resolved, *, seq_len: int, optimizer: str, attention: Attention = SDPA,
-                 gpus_per_node: int | None = None, device: str = "cuda"):
-        self.resolved, self.seq_len, self.optimizer = resolved, seq_len, optimizer
+                 gpus_per_node: int | None = None, device: str = "cuda", gpu=None,
+                 objective: str = LABELS_OBJECTIVE):
+        self.resolved, self.seq_len, self.optimizer, self.objective = resolved, seq_len, optimizer, objective
         self.attention, self.gpus_per_node, self.device = attention, gpus_per_node, device
+        self.gpu = gpu  # the catalog entry (kernel choice, CUDA overheads); None: a current GPU
         self._adafactor: int | None = None
 
     def states(self, cfg: Config) -> states.ModelStates:
@@ -209,15 +228,18 @@ class Evaluation:
         from planner.models.build import effective_attention
 
         spec = self.resolved.spec
-        kernel = effective_attention(self.resolved.config, self.attention, self.resolved.trust_remote_code)
-        saves_scores = ATTENTION[kernel].saves_scores
+        family = cfg.activation_family()
+        implementation = effective_attention(self.resolved.config, self.attention, self.resolved.trust_remote_code)
+        kernel = attention_kernel(
+            implementation, device=self.device, half=ACTIVATIONS[family].half_weights or ACTIVATIONS[family].autocast,
+            compute_capability=self.gpu.compute_capability_tuple if self.gpu else None, head_dim=spec.head_dim,
+            dropout=spec.attention_dropout)
+        # flash and memory-efficient kernels apply dropout inside the kernel and save no mask; eager and math
+        # attention save it (planner/memory/kernels.py)
         return TraceRequest(
-            micro_batch=cfg.micro_batch, seq_len=self.seq_len, activations=cfg.activation_family(),
-            checkpointing=cfg.checkpointing, attention=kernel if saves_scores else SDPA,
-            # GPU flash / mem-efficient kernels apply attention dropout inside the kernel and save no mask; CPU
-            # SDPA with dropout falls back to the math path, which does (torch/nn/functional.py
-            # scaled_dot_product_attention's CPU dispatch: _fused_sdp_choice_cpp picks math when dropout > 0)
-            attention_dropout=(self.device == "cpu" or saves_scores) and spec.attention_dropout > 0)
+            micro_batch=cfg.micro_batch, seq_len=self.seq_len, activations=family, checkpointing=cfg.checkpointing,
+            attention=kernel, attention_dropout=KERNEL[kernel].saves_scores and spec.attention_dropout > 0,
+            objective=self.objective, grads_allocated=cfg.grad_accum > 1 or cfg.sharded)
 
     def activations(self, cfg: Config, method: str) -> tuple[int, EstimateMethod]:
         """Activation bytes of one micro-batch and the method that produced them. Optimizer states and
@@ -227,9 +249,7 @@ class Evaluation:
         req = self.trace_request(cfg)
         if method != ANALYTIC and resolved.config is not None:
             try:
-                fit = trace_activations(resolved.config, spec.config_hash, spec.layers, req,
-                                        resolved.trust_remote_code, batch_slope=False)
-                return fit.activations(spec.layers, cfg.micro_batch), TRACE
+                return self._fit(cfg).activations(spec.layers, cfg.micro_batch), TRACE
             except Exception as err:  # noqa: BLE001 - any model code failure under fake tensors
                 if method == TRACE:
                     raise InputError(f"tracing {spec.name} failed: {err}", flag="--model",
@@ -239,12 +259,28 @@ class Evaluation:
                                           checkpointing=cfg.checkpointing)
         return sum(terms.values()), ANALYTIC
 
+    def _fit(self, cfg: Config):
+        resolved, spec = self.resolved, self.resolved.spec
+        return trace_activations(resolved.config, spec.config_hash, spec.layers, self.trace_request(cfg),
+                                 resolved.trust_remote_code, batch_slope=False)
+
+    def step_slack(self, cfg: Config, act: int, method: EstimateMethod) -> int:
+        """What the caching allocator reserves beyond the step's own live bytes: replayed from the trace, or for a
+        formula estimate a share of its activations (`gpu.ANALYTIC_SLACK_FRACTION`)."""
+        if method == TRACE:
+            return self._fit(cfg).slack(self.resolved.spec.layers)
+        return int(ANALYTIC_SLACK_FRACTION * act)
+
     def estimate(self, cfg: Config, method: str = AUTO_METHOD) -> MemoryEstimate:
         act, used = self.activations(cfg, method)
         return self.combine(cfg, act, used)
 
     def combine(self, cfg: Config, act: int, method: EstimateMethod) -> MemoryEstimate:
-        return combine(self.resolved.spec, cfg, self.states(cfg), act, method, self.optimizer, self.device)
+        states_ = self.states(cfg)
+        slack = 0
+        if self.device == "cuda":
+            slack = self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
+        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack)
 
 
 def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
@@ -260,10 +296,11 @@ def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
 
 
 def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: EstimateMethod, optimizer: str,
-            device: str) -> MemoryEstimate:
+            device: str, slack: int = 0) -> MemoryEstimate:
     """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
-    step's. The first micro-batch of a step runs with no gradients allocated yet; later ones (grad_accum > 1) with
-    all of them. On the CPU, host memory is the device: what offload keeps there counts too."""
+    step's. The first micro-batch of a step runs with no gradients allocated yet (its traced activations include
+    the gradients its backward has made by its peak); later ones (grad_accum > 1) with all of them. On the CPU, host
+    memory is the device: what offload keeps there counts too."""
     transient = optimizer_transient(spec, cfg, optimizer, device)
     if cfg.grad_accum > 1 or cfg.sharded:
         tensors = ms.total + max(act, transient)
@@ -271,17 +308,19 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
         tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
     if device == "cpu":
         tensors += ms.host_tensors
-    terms = _terms(spec, cfg, ms, max(act, transient), transient, device)
+    terms = _terms(spec, cfg, ms, slack, transient, device)
+    if device == "cuda" and not ESTIMATE[method].measured:
+        terms = terms.model_copy(update={"error_margin": int(ACTIVATION_MARGIN * act)})
     peak_allocated = tensors + terms.allocated_overheads
     overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
     return MemoryEstimate(
         parameters=ms.parameters, gradients=ms.gradients, optimizer_states=ms.optimizer_states, activations=act,
-        overhead=overhead, peak_allocated=peak_allocated, peak=tensors + overhead, cpu_offload_bytes=ms.cpu_bytes,
-        method=method, device=device, terms=terms,
+        overhead=overhead, peak_allocated=peak_allocated, peak=tensors + overhead + terms.error_margin,
+        cpu_offload_bytes=ms.cpu_bytes, method=method, device=device, terms=terms,
     )
 
 
-def _terms(spec, cfg: Config, ms: states.ModelStates, churn: int, transient: int, device: str) -> MemoryTerms:
+def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int, device: str) -> MemoryTerms:
     """The engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver add."""
     ddp = ms.gradients if cfg.world_size > 1 and cfg.engine == TORCH else 0  # gradient_as_bucket_view=False
     if ddp and device == "cpu":  # gloo's ring all-reduce works on a copy of one bucket (DDP_BUCKET_CAP_BYTES)
@@ -299,7 +338,7 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, churn: int, transient: int
         return MemoryTerms(optimizer_transient=transient, ddp_buckets=ddp, zero_buckets=zero)
     return MemoryTerms(
         optimizer_transient=transient, cublas_workspace=CUBLAS_WORKSPACE_BYTES, ddp_buckets=ddp, zero_buckets=zero,
-        allocator_slack=int(max(FRAGMENTATION_FLOOR_BYTES, FRAGMENTATION_FRACTION * churn)),
+        allocator_slack=slack,
         cuda_context=CUDA_CONTEXT_BYTES, nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
 
 

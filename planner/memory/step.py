@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from planner.vocab import CHECKPOINTING, OPTIMIZER, TASK, task_of_class
+from planner.vocab import CHECKPOINTING, LABELS_OBJECTIVE, OPTIMIZER, TASK, task_of_class
 
 # Selective checkpointing is torch's per-op SAC with torchtitan's policy (torchtitan/models/llama3/infra/
 # parallelize.py `_save_list` and `_get_custom_policy`): keep the outputs of the matmuls and attention
@@ -70,10 +70,12 @@ def make_optimizer(model, name: str, *, foreach: bool | None = None):
     return getattr(torch.optim, info.torch_class)(params, lr=1e-4, foreach=foreach, **kwargs)
 
 
-def make_batch(model, micro_batch: int, seq_len: int, device="cpu") -> dict:
-    """Random token ids and the labels the model's head trains on (`vocab.TASK`)."""
+def make_batch(model, micro_batch: int, seq_len: int, device="cpu", objective: str = LABELS_OBJECTIVE) -> dict:
+    """Random token ids and, for the labels objective, the labels the model's head trains on (`vocab.TASK`)."""
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 1000))
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
+    if objective != LABELS_OBJECTIVE:
+        return {"input_ids": ids}
     labels = TASK[task_of_class(type(model).__name__)].labels
     num_labels = max(2, int(getattr(model.config, "num_labels", 2)))
     if labels == "class":
@@ -92,12 +94,18 @@ def autocast_context(dtype_name: str | None, device_type: str):
     return torch.autocast(device_type, dtype=getattr(torch, dtype_name))
 
 
-def micro_step(model, batch: dict, autocast: str | None, device_type: str = "cpu", loss_scale: float = 1.0) -> None:
+def micro_step(model, batch: dict, autocast: str | None, device_type: str = "cpu", loss_scale: float = 1.0,
+               objective: str = LABELS_OBJECTIVE) -> None:
     """Forward and backward of one micro-batch; gradients accumulate into .grad.
 
-    `loss_scale` stands for fp16 loss scaling (GradScaler multiplies the loss; memory is the same).
+    The loss is the head's own (`vocab.OBJECTIVE`), or the sum of the first output; a head without a loss trains on
+    the mean of its output. `loss_scale` stands for fp16 loss scaling (GradScaler multiplies the loss; memory is the
+    same).
     """
     with autocast_context(autocast, device_type):
         out = model(**batch)
-        loss = out.loss if getattr(out, "loss", None) is not None else out[0].float().mean()
+        if objective != LABELS_OBJECTIVE:
+            loss = out[0].sum()
+        else:
+            loss = out.loss if getattr(out, "loss", None) is not None else out[0].float().mean()
     (loss * loss_scale if loss_scale != 1.0 else loss).backward()

@@ -1,9 +1,9 @@
 """Activations by tracing the real model's training step under FakeTensorMode on the CPU.
 
 Nothing is allocated: every tensor is fake, yet the live-storage accounting of `LiveStorageTracker`
-matches a real step. A trace runs one forward+backward with the gradients already allocated (as for
-every micro-batch after the first of an accumulation cycle) and the optimizer states present, and
-measures the peak above those model states: the activations, in the broad sense of everything the
+matches a real step. A trace runs one forward+backward, with the gradients already allocated (every micro-batch after the first
+of an accumulation cycle) or not (the first, whose backward allocates them), and measures the peak above the
+model states present: the activations, in the broad sense of everything the
 step allocates and frees (saved tensors, autocast weight copies, logits, the loss's scratch).
 
 Models are traced at two depths at the micro-batch asked for and extrapolated per block (`TraceFit`);
@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from planner.cache import load_json, store_json
-from planner.vocab import ACTIVATIONS, ATTENTION
+from planner.vocab import ACTIVATIONS, KERNEL, LABELS_OBJECTIVE
 
 #: Block counts traced for the per-block slope. From 3 blocks on, the moment of the peak (end of the
 #: forward, or the loss's backward) no longer moves with depth, so the slope holds for any depth; 2 and 4
@@ -30,7 +30,17 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 9
+CACHE_VERSION = 10
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    """One trace: the activation peak above the model states, and what the CUDA caching allocator would reserve
+    beyond the step's live bytes at its peak (the step's allocations and frees replayed through
+    planner/memory/allocator.py, which rounds blocks, carves segments and leaves the gaps the step's order leaves)."""
+
+    activations: int
+    slack: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,12 @@ class TraceFit:
     block_fixed: float
     block_per_sample: float
     layers_traced: tuple[int, ...]
+    slack_fixed: float = 0.0    # the allocator's slack at the anchor micro-batch: fixed + per block
+    slack_block: float = 0.0
+
+    def slack(self, layers: int) -> int:
+        """reserved - allocated of the step's own allocations at `layers` blocks (anchor micro-batch)."""
+        return max(0, int(round(self.slack_fixed + layers * self.slack_block)))
 
     def activations(self, layers: int, micro_batch: int) -> int:
         value = self.fixed + self.per_sample * micro_batch + layers * (self.block_fixed + self.block_per_sample * micro_batch)
@@ -73,8 +89,12 @@ class TraceRequest:
     seq_len: int
     activations: str        # `Config.activation_family()`: the model's weight dtype and whether autocast runs
     checkpointing: str
-    attention: str          # the traced kernel: eager, or sdpa (what flash / memory-efficient kernels save)
+    attention: str          # the kernel the step runs (`vocab.KERNEL`), which the trace reproduces
     attention_dropout: bool  # False reproduces GPU flash/mem-efficient kernels (dropout inside the kernel)
+    objective: str = LABELS_OBJECTIVE  # what the backward starts from (`vocab.OBJECTIVE`)
+    #: gradients exist before the step (every micro-step after the first of an accumulation); without, the
+    #: backward allocates them as it goes and the peak above the weights includes those made by then
+    grads_allocated: bool = True
 
     @property
     def half_weights(self) -> bool:
@@ -87,7 +107,7 @@ class TraceRequest:
         return "bfloat16" if ACTIVATIONS[self.activations].autocast else None
 
 
-_memory_cache: dict[str, int] = {}
+_memory_cache: dict[str, TracePoint] = {}
 
 
 def _key(config_hash: str, layers: int, req: TraceRequest) -> str:
@@ -106,26 +126,31 @@ def traced_layers(config, total_layers: int) -> tuple[int, int]:
 
 def trace_activations(config, config_hash: str, total_layers: int, req: TraceRequest,
                       trust_remote_code: bool = False, batch_slope: bool = True) -> TraceFit:
-    """Fit of the activations over depth (and micro-batch), exact at `req.micro_batch` (the anchor).
+    """Fit of the activations over depth (and micro-batch), exact at `req.micro_batch` (the anchor), with the
+    allocator's slack over depth at the anchor.
 
     Without `batch_slope` only the anchor micro-batch is traced (2 traces instead of 4) and the fit is
     valid at that micro-batch alone."""
     l1, l2 = traced_layers(config, total_layers)
     b1 = req.micro_batch
+    first = _cached_trace(config, config_hash, l1, req, trust_remote_code)
+    second = first if l1 == l2 else _cached_trace(config, config_hash, l2, req, trust_remote_code)
+    depth = l2 - l1 or 1
+    slack_block = (second.slack - first.slack) / depth if l1 != l2 else 0.0
+    slack = {"slack_fixed": first.slack - l1 * slack_block, "slack_block": slack_block}
     if not batch_slope:
-        a1 = _cached_trace(config, config_hash, l1, req, trust_remote_code)
         if l1 == l2:
-            return TraceFit(float(a1), 0.0, 0.0, 0.0, (l1,))
-        a2 = _cached_trace(config, config_hash, l2, req, trust_remote_code)
-        per_block = (a2 - a1) / (l2 - l1)
-        return TraceFit(a1 - l1 * per_block, 0.0, per_block, 0.0, (l1, l2))
+            return TraceFit(float(first.activations), 0.0, 0.0, 0.0, (l1,), **slack)
+        per_block = (second.activations - first.activations) / depth
+        return TraceFit(first.activations - l1 * per_block, 0.0, per_block, 0.0, (l1, l2), **slack)
     b2 = b1 + 1
-    points = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b), trust_remote_code)
-              for layers in dict.fromkeys((l1, l2)) for b in (b1, b2)]
+    more = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code).activations
+            for layers in dict.fromkeys((l1, l2))]
     if l1 == l2:  # traced whole: only the micro-batch slope is fitted
-        per_sample = (points[1] - points[0]) / (b2 - b1)
-        return TraceFit(points[0] - per_sample * b1, per_sample, 0.0, 0.0, (l1,))
-    return TraceFit.from_points(l1, l2, b1, b2, *points)
+        per_sample = (more[0] - first.activations) / (b2 - b1)
+        return TraceFit(first.activations - per_sample * b1, per_sample, 0.0, 0.0, (l1,), **slack)
+    fit = TraceFit.from_points(l1, l2, b1, b2, first.activations, more[0], second.activations, more[1])
+    return replace(fit, **slack)
 
 
 @dataclass(frozen=True)
@@ -156,16 +181,16 @@ def trace_sequence_fit(config, config_hash: str, total_layers: int, req: TraceRe
     return SequenceFit(c0, c1, c2, tuple(seq_lens))
 
 
-def _cached_trace(config, config_hash, layers, req, trust) -> int:
+def _cached_trace(config, config_hash, layers, req, trust) -> TracePoint:
     key = _key(config_hash, layers, req)
     if key in _memory_cache:
         return _memory_cache[key]
     stored = load_json("traces", key)
-    if stored is not None and isinstance(stored.get("activations"), int):
-        result = stored["activations"]
+    if stored is not None and isinstance(stored.get("activations"), int) and isinstance(stored.get("slack"), int):
+        result = TracePoint(stored["activations"], stored["slack"])
     else:
         result = run_trace(config, layers, req, trust)
-        store_json("traces", key, {"activations": result})
+        store_json("traces", key, asdict(result))
     _memory_cache[key] = result
     return result
 
@@ -178,7 +203,7 @@ def _prepare_config(config, layers, req):
         for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
             if isinstance(getattr(cfg, name, None), (int, float)):
                 setattr(cfg, name, 0.0)
-    cfg._attn_implementation = ATTENTION[req.attention].transformers  # callers resolve the model's support
+    cfg._attn_implementation = KERNEL[req.attention].traced_as  # callers resolve the model's support
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     return cfg
@@ -225,11 +250,23 @@ def _real_mask_decisions():
             setattr(masking_utils, name, original)
 
 
-def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> int:
-    """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks."""
+def _sdpa_kernel(kernel: str):
+    """Force the SDPA backend a kernel needs on the CPU (the math fallback); otherwise torch's own choice."""
+    backend = KERNEL[kernel].sdpa_backend
+    if backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, backend))
+
+
+def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> TracePoint:
+    """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks, and the
+    allocator's slack over the step's own allocations."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from planner.memory.allocator import replay
     from planner.memory.step import enable_checkpointing, make_batch, micro_step
     from planner.memory.tracker import LiveStorageTracker
     from planner.models.build import build_meta
@@ -242,12 +279,15 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> in
         model.tie_weights()
         model.train()
         enable_checkpointing(model, req.checkpointing)
-        batch = make_batch(model, req.micro_batch, req.seq_len)
+        batch = make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
         with tracker:
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
             for p in model.parameters():  # gradients already allocated, as mid-accumulation
-                if p.requires_grad:
+                if p.requires_grad and req.grads_allocated:
                     p.grad = torch.zeros_like(p)
             base = tracker.reset_peak()
-            micro_step(model, batch, req.autocast)
-            return tracker.peak - base
+            tracker.record()
+            with _sdpa_kernel(req.attention):
+                micro_step(model, batch, req.autocast, objective=req.objective)
+    replayed = replay(tracker.events)
+    return TracePoint(activations=tracker.peak - base, slack=max(0, replayed.peak_reserved - (tracker.peak - base)))

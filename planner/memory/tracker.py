@@ -24,6 +24,13 @@ class LiveStorageTracker(TorchDispatchMode):
         self._pinned: dict[int, tuple[StorageWeakRef, int]] = {}
         self.current = 0
         self.peak = 0
+        #: (op, storage key, bytes) of every allocation and free since `record()`, for the CUDA allocator replay
+        #: (planner/memory/allocator.py); frees found in one sweep, between two ops, are adjacent.
+        self.events: list[tuple[str, int, int]] | None = None
+
+    def record(self) -> None:
+        """Record allocations and frees from now on (`events`)."""
+        self.events = []
 
     def track(self, tensor: torch.Tensor) -> None:
         if is_traceable_wrapper_subclass(tensor):  # a DTensor's storage is its local shard, tracked on its own
@@ -35,6 +42,8 @@ class LiveStorageTracker(TorchDispatchMode):
         nbytes = storage.nbytes()
         self._live[key] = (StorageWeakRef(storage), nbytes)
         self.current += nbytes
+        if self.events is not None:
+            self.events.append(("alloc", key, nbytes))
 
     def track_all(self, tensors) -> None:
         for t in tensors:
@@ -45,6 +54,8 @@ class LiveStorageTracker(TorchDispatchMode):
         dead = [k for k, (ref, _) in self._live.items() if ref.expired()]
         for key in dead:
             self.current -= self._live.pop(key)[1]
+            if self.events is not None:
+                self.events.append(("free", key, 0))
 
     def reset_peak(self) -> int:
         """Drop dead storages and start a new peak from what is live now; returns that baseline."""

@@ -206,6 +206,7 @@ def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
         num_experts=int(_first(text, "num_local_experts", "num_experts", default=1) or 1),
         experts_per_token=int(_first(text, "num_experts_per_tok", "top_k", default=1) or 1),
         largest_layer_parameters=largest, embedding_parameters=embed,
+        tensor_sizes=tuple(p.numel() if p.requires_grad else -p.numel() for p in params),
         attention_dropout=float(_first(text, "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob",
                                        "dropout_rate", default=0.0) or 0.0),
         hidden_dropout=float(_first(text, "hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate",

@@ -34,6 +34,9 @@ class ModelSpec(BaseModel):
     experts_per_token: int = 1
     largest_layer_parameters: int = 0   # biggest single parameter tensor (ZeRO-3 gathers it whole)
     embedding_parameters: int = 0
+    #: numel of each parameter tensor (negative: frozen), in the model's order: the allocations the caching
+    #: allocator serves for weights, gradients and optimizer states
+    tensor_sizes: tuple[int, ...] = ()
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     position: str = "learned"   # learned | rope | alibi | relative

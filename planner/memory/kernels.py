@@ -1,0 +1,40 @@
+"""The attention kernel a training step really runs, as torch and transformers choose it (`vocab.KERNEL`).
+
+SDPA on CUDA tries flash, then memory-efficient, then math (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+`select_sdp_backend`'s priority order):
+* flash needs compute capability 8.0 or newer (`check_flash_attention_hardware_support`), fp16 or bf16 inputs
+  (`check_tensor_dtype` with flash_dtypes) and a head size of at most 256 that is a multiple of 8
+  (`check_head_dim_size_flash`);
+* memory-efficient runs from compute capability 5.0 (`check_mem_efficient_hardware_support`) in fp32, fp16 and, from
+  8.0, bf16, with a head size that is a multiple of 8 (4 in fp32; `check_head_dim_size_mem_efficient`);
+* math otherwise.
+On the CPU (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp, `select_sdp_backend_cpp`) the flash kernel runs
+unless dropout is on, which falls back to math. Models without SDPA run their eager attention; the flash-attn
+package's FlashAttention-2 saves what SDPA's flash kernel saves.
+"""
+
+from __future__ import annotations
+
+from planner.vocab import EAGER, FLASH
+
+FLASH_MIN_CC = (8, 0)
+EFFICIENT_MIN_CC = (5, 0)
+FLASH_MAX_HEAD_DIM = 256
+
+
+def attention_kernel(implementation: str, *, device: str, compute_capability: tuple[int, int] | None, half: bool,
+                     head_dim: int, dropout: float) -> str:
+    """The kernel (a `vocab.KERNEL` key) for the model's attention `implementation` (eager | sdpa | flash, as
+    `build.effective_attention` resolved it). `compute_capability` None plans for a current GPU (8.0)."""
+    if implementation == EAGER:
+        return "eager"
+    if implementation == FLASH:
+        return "flash"
+    if device == "cpu":
+        return "math" if dropout > 0 else "flash"
+    cc = compute_capability or FLASH_MIN_CC
+    if cc >= FLASH_MIN_CC and half and head_dim <= FLASH_MAX_HEAD_DIM and head_dim % 8 == 0:
+        return "flash"
+    if cc >= EFFICIENT_MIN_CC and head_dim % (8 if half else 4) == 0:
+        return "efficient"
+    return "math"
