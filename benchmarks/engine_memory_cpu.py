@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: name -> the `plan` flags that pin it (batch 8, micro-batch 2, sequence 64 for all)
+#: name -> the `plan` flags that pin it (batch 8, micro-batch 2, sequence 64, bf16-mixed for all: the speed model
+#: prefers fp32 for this dispatch-bound toy, and the cases compare engines at one precision)
 CASES = {
     "single": ["--gpus-per-node", "1", "--zero-stage", "0"],
     "ddp": ["--gpus-per-node", "2", "--zero-stage", "0"],
@@ -48,7 +49,7 @@ def emit_plan(model: Path, flags: list[str], out: Path) -> dict:
     from planner.cli import app
 
     args = ["--model", str(model), "--batch", "8", "--micro-batch", "2", "--seq-len", str(SEQ_LEN), "--gpu",
-            "A100-80GB", "--no-probe", *flags, "--emit", str(out)]
+            "A100-80GB", "--precision", "bf16-mixed", "--no-probe", *flags, "--emit", str(out)]
     result = CliRunner().invoke(app, args)
     if result.exit_code != 0:
         raise RuntimeError(f"plan {' '.join(args)} exited {result.exit_code}: {result.output[-500:]}")

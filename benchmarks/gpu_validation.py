@@ -1,13 +1,17 @@
-"""GPU validation: predicted vs. measured memory and speed, and the plan's choice vs. an exhaustive probe sweep.
+"""GPU validation: predicted vs. measured memory and speed, the allocator model vs. the real allocator, and the
+plan's choice vs. an exhaustive probe sweep.
 
-Needs a CUDA GPU (exits 2 without one). For a matrix of models x precisions x checkpointing x micro-batches it
-runs a real probe (probes.worker, one subprocess each) and compares with `estimate_memory(device="cuda")`
-(peak_allocated vs torch.cuda.max_memory_allocated, peak vs max_memory_reserved + context) and with the speed
-model (tokens/s). Then it plans bloom-560m at batch 256 with probes (cold probe cache; total probe time) and
-sweeps every single-GPU torch candidate by probing, to report the chosen plan's throughput as a fraction of the
-best measured one. Results go to benchmarks/results/gpu_validation-<GPU>-<date>.json with versions.
+Needs a CUDA GPU (exits 2 without one). For a matrix of models x precisions x checkpointing x micro-batches
+(32 single-GPU configurations) it plans the configuration pinned (`planner.plan`), runs it with the shipped
+training script under the emitted files (`probes.Prober`, the program users run), and compares the plan's
+`peak_allocated` / `peak_reserved` with torch.cuda.max_memory_allocated / max_memory_reserved and its modelled
+micro-step, optimizer step and tokens/s with the measured ones. It replays benchmarks/allocator_replay.py's
+workloads through the real CUDA caching allocator against planner/memory/allocator.py. Then it plans
+bloom-560m at batch 256 with probes (cold probe cache; total probe time) and sweeps every single-GPU torch
+candidate by probing, to report the chosen plan's throughput as a fraction of the best measured one.
+Results go to benchmarks/results/gpu_validation-<GPU>-<date>.json with versions.
 
-Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py [--quick] [--out DIR]
+Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py [--quick] [--out DIR] [--skip-choice]
 """
 
 from __future__ import annotations
@@ -40,39 +44,63 @@ def matrix(quick: bool):
                     yield name, seq, precision, ckpt, mb
 
 
-def validate_memory(prober, gpu_name: str, quick: bool) -> list[dict]:
-    from planner.memory.estimate import estimate_memory
+def measure_one(prober, gpu_name: str, name: str, seq: int, precision: str, ckpt: str, mb: int) -> dict:
+    """Plan one pinned single-GPU configuration, run it, and compare."""
+    from planner import plan
     from planner.models import resolve_model
     from planner.refine import ProbeContext
-    from planner.hardware import lookup_gpu
-    from planner.search import model_speed
-    from planner.types import Config
 
+    row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb}
+    try:
+        draft = plan(name, mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb, precision=precision,
+                     checkpointing=ckpt, zero_stage=0, offload=False, detect=False)
+    except Exception as err:  # noqa: BLE001 - a configuration the planner refuses is a row, not a crash
+        return {**row, "status": "not planned", "reason": str(err)[:300]}
+    cand = draft.choice
+    context = ProbeContext(resolve_model(name), draft.seq_len, draft.optimizer, draft.attention, gpu_name, draft)
+    got = prober(context, cand.config)
+    est, speed = cand.memory, cand.throughput
+    row.update(predicted_peak_allocated=est.peak_allocated, predicted_peak_reserved=est.peak_reserved,
+               predicted_fits=cand.fits, predicted_step_s=speed.step_time_s,
+               predicted_tokens_per_s=speed.tokens_per_s, predicted_parts=speed.parts.model_dump(),
+               method=est.method, **got.model_dump(mode="json"))
+    if got.status == "ok":
+        row["allocated_error"] = est.peak_allocated / got.peak_allocated - 1
+        row["reserved_error"] = est.peak_reserved / got.peak_reserved - 1
+        row["step_time_error"] = speed.step_time_s / got.step_time_s - 1
+    return row
+
+
+def validate_memory(prober, gpu_name: str, quick: bool) -> list[dict]:
     rows = []
     for name, seq, precision, ckpt, mb in matrix(quick):
-        resolved = resolve_model(name)
-        cfg = Config(micro_batch=mb, grad_accum=2, world_size=1, precision=precision, checkpointing=ckpt,
-                     zero_stage=0, offload="none")
-        est = estimate_memory(resolved, micro_batch=mb, seq_len=seq, precision=precision, checkpointing=ckpt,
-                              gpu=gpu_name, grad_accum=2)
-        speed = model_speed(resolved, lookup_gpu(gpu_name), cfg, seq, 1, "sdpa")
-        got = prober(ProbeContext(resolved, seq, "adamw", "sdpa", gpu_name), cfg)
-        row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb,
-               "predicted_peak_allocated": est.peak_allocated, "predicted_peak": est.peak,
-               "predicted_tokens_per_s": speed.tokens_per_s, "method": est.method, **got}
-        if got.get("status") == "ok":
-            row["allocated_error"] = est.peak_allocated / got["peak_allocated"] - 1
-            row["reserved_plus_context_error"] = est.peak / (got["peak_reserved"] + est.terms["cuda_context"]) - 1
-            row["tokens_per_s_ratio"] = speed.tokens_per_s / got["tokens_per_s"]
+        row = measure_one(prober, gpu_name, name, seq, precision, ckpt, mb)
         rows.append(row)
-        print(f"{name:32s} {precision:10s} {ckpt:5s} mb={mb:<3d} {got.get('status'):7s} "
+        print(f"{name:32s} {precision:10s} {ckpt:5s} mb={mb:<3d} {row.get('status'):7s} "
               f"alloc err {row.get('allocated_error', float('nan')):+.1%}  "
-              f"speed pred/meas {row.get('tokens_per_s_ratio', float('nan')):.2f}", flush=True)
+              f"reserved err {row.get('reserved_error', float('nan')):+.1%}  "
+              f"step err {row.get('step_time_error', float('nan')):+.1%}", flush=True)
     return rows
+
+
+def validate_allocator() -> dict:
+    """The allocator model against the real CUDA caching allocator on replayed workloads."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import allocator_replay
+
+    out = {}
+    for name in ("small_churn", "training_step", "growing_batch", "random_mixed"):
+        try:
+            out[name] = allocator_replay.compare_on_cuda(allocator_replay.synthetic_events(name))
+        except Exception as err:  # noqa: BLE001 - one workload failing is recorded, the rest still run
+            out[name] = {"error": str(err)[:300]}
+        print(f"allocator {name}: {out[name]}", flush=True)
+    return out
 
 
 def validate_choice(gpu_name: str) -> dict:
     from planner import plan
+    from planner.models import resolve_model
     from planner.refine import ProbeContext
     from probes import Prober
 
@@ -82,22 +110,21 @@ def validate_choice(gpu_name: str) -> dict:
     probe_time = time.monotonic() - start
     prober = Prober(device="cuda")
     best, swept = None, []
-    from planner.models import resolve_model
-
-    context = ProbeContext(resolve_model("bigscience/bloom-560m"), chosen.seq_len, chosen.optimizer, chosen.attention,
-                           gpu_name)
+    context = ProbeContext(resolve_model("bigscience/bloom-560m"), chosen.seq_len, chosen.optimizer,
+                           chosen.attention, gpu_name, chosen)
     for cand in chosen.candidates:
         cfg = cand.config
-        if cfg.zero_stage or cfg.precision == "fp16-mixed":
+        if cfg.zero_stage or cfg.world_size > 1:
             continue
         got = prober(context, cfg)
-        swept.append({"config": cfg.label(), **got})
-        if got.get("status") == "ok" and (best is None or got["tokens_per_s"] > best[1]):
-            best = (cfg.label(), got["tokens_per_s"])
+        swept.append({"config": cfg.label(), "predicted_tokens_per_s": cand.throughput.tokens_per_s
+                      if cand.throughput else None, **got.model_dump(mode="json")})
+        if got.status == "ok" and (best is None or got.tokens_per_s > best[1]):
+            best = (cfg.label(), got.tokens_per_s)
     chosen_tps = chosen.choice.throughput.tokens_per_s
     return {"chosen": chosen.choice.config.label(), "chosen_tokens_per_s": chosen_tps,
             "chosen_source": chosen.choice.throughput.source, "plan_with_probes_s": probe_time,
-            "probes": list(chosen.probes), "best": best[0] if best else None,
+            "probes": [p.model_dump(mode="json") for p in chosen.probes], "best": best[0] if best else None,
             "best_tokens_per_s": best[1] if best else None,
             "fraction_of_best": chosen_tps / best[1] if best else None, "sweep": swept}
 
@@ -123,11 +150,12 @@ def main() -> int:
               "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__}
     rows = validate_memory(Prober(device="cuda", use_cache=False), gpu_name, args.quick)
     ok = [r for r in rows if r.get("status") == "ok"]
-    if ok:
-        result["memory_allocated_median_abs_error"] = statistics.median(abs(r["allocated_error"]) for r in ok)
-        result["memory_allocated_worst_abs_error"] = max(abs(r["allocated_error"]) for r in ok)
-        result["speed_median_ratio"] = statistics.median(r["tokens_per_s_ratio"] for r in ok)
+    for key in ("allocated_error", "reserved_error", "step_time_error"):
+        if ok:
+            result[f"{key}_median_abs"] = statistics.median(abs(r[key]) for r in ok)
+            result[f"{key}_worst"] = max((r[key] for r in ok), key=abs)
     result["matrix"] = rows
+    result["allocator"] = validate_allocator()
     if not args.skip_choice:
         result["choice"] = validate_choice(gpu_name)
         c = result["choice"]

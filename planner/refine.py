@@ -9,12 +9,13 @@ candidate wins. The probe budget is a hard limit: each probe gets at most the ti
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.config import Config
-from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, ThroughputInfo
+from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, SpeedCalibration, ThroughputInfo
 from planner.vocab import OK, OOM
 
 MAX_PROBES_PER_FAMILY = 3
@@ -129,6 +130,7 @@ def _measured_peak(result: Measurement, cand: Candidate) -> int:
 
 def _record(cand: Candidate, result: Measurement) -> ProbeRecord:
     return ProbeRecord(config=cand.config.label(), micro_batch=cand.config.micro_batch,
+                       world_size=cand.config.world_size,
                        predicted_peak_allocated=cand.memory.peak_allocated if cand.memory else None,
                        predicted_tokens_per_s=cand.throughput.tokens_per_s if cand.throughput else None,
                        measurement=result)
@@ -167,30 +169,67 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
     return cand.model_copy(update={"memory": memory, "fits": fits, "reason": reason})
 
 
+def speed_calibration_from(measured: dict) -> SpeedCalibration | None:
+    """Median measured / modelled micro-step and optimizer-step times over the successful probes."""
+    micro, optim = [], []
+    for cand, result in measured.values():
+        parts = cand.throughput.parts if cand.throughput else None
+        if result.status != OK or parts is None or parts.compute <= 0 or result.micro_step_s <= 0:
+            continue
+        micro.append(result.micro_step_s / (parts.compute / cand.config.grad_accum))
+        if parts.optimizer > 0 and result.optimizer_step_s > 0:
+            optim.append(result.optimizer_step_s / parts.optimizer)
+    if not micro:
+        return None
+    return SpeedCalibration(micro_step=statistics.median(micro),
+                            optimizer_step=statistics.median(optim) if optim else 1.0, probes=len(micro))
+
+
+def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
+    """An unprobed candidate's modelled speed, its micro-steps and optimizer step rescaled by the probes."""
+    tp = cand.throughput
+    if tp is None or tp.source != "model":
+        return cand
+    parts = tp.parts.model_copy(update={"compute": tp.parts.compute * calib.micro_step,
+                                        "optimizer": tp.parts.optimizer * calib.optimizer_step})
+    step = parts.compute + parts.optimizer + parts.communication + parts.offload
+    ratio = tp.step_time_s / step if step > 0 else 1.0
+    throughput = tp.model_copy(update={"tokens_per_s": tp.tokens_per_s * ratio, "samples_per_s": tp.samples_per_s
+                                       * ratio, "mfu": tp.mfu * ratio, "step_time_s": step, "parts": parts,
+                                       "source": "calibrated"})
+    return cand.model_copy(update={"throughput": throughput})
+
+
 def _rerank(plan, measured: dict, records: list[ProbeRecord]):
     budget = plan.hardware.budget_bytes
     calibration = calibration_from(measured)
+    speed = speed_calibration_from(measured)
     updated = []
     for cand in plan.candidates:
         entry = measured.get(cand.config)
         family = cand.config.family()
         if entry:
             updated.append(_apply(cand, entry[1], budget))
-        elif cand.memory is not None and family in calibration and cand.memory.activations > 0:
-            updated.append(_calibrated(cand, calibration[family], budget))
-        else:
-            updated.append(cand)
-    probed_ok = [c for c in updated if c.throughput and c.throughput.source != "model" and c.fits]
-    rest = [c for c in updated if c not in probed_ok]
+            continue
+        if cand.memory is not None and family in calibration and cand.memory.activations > 0:
+            cand = _calibrated(cand, calibration[family], budget)
+        updated.append(_recalibrated(cand, speed) if speed else cand)
+    probed_ok = [c for c in updated if c.throughput and c.throughput.source.startswith("probe") and c.fits]
+    rest = sorted((c for c in updated if c not in probed_ok),
+                  key=lambda c: -(c.throughput.tokens_per_s if c.throughput else 0.0))
     probed_ok.sort(key=lambda c: -c.throughput.tokens_per_s)
     ranked = probed_ok + [c for c in rest if c.fits] + [c for c in rest if not c.fits]
     spent = sum(r.measurement.seconds for r in records)
     cached = sum(1 for r in records if r.measurement.cached)
     note = (f"Probes: {len(records)} run ({cached} from cache) in {spent:.0f} s; "
             f"{len(probed_ok)} confirmed by measurement.")
+    if speed:
+        note += (f" Measured/modelled time on this GPU: micro-step x{speed.micro_step:.2f}, optimizer step "
+                 f"x{speed.optimizer_step:.2f} (median of {speed.probes}); unprobed candidates re-timed with it.")
     table = {Config.family_text(fam): c for fam, c in calibration.items()}
     return plan.model_copy(update={"choice": ranked[0], "candidates": tuple(ranked), "probes": tuple(records),
-                                   "calibration": table, "notes": plan.notes + (note,)})
+                                   "calibration": table, "speed_calibration": speed,
+                                   "notes": plan.notes + (note,)})
 
 
 def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:

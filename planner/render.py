@@ -141,8 +141,27 @@ def _needed_bytes(candidate) -> tuple:
 
 
 
+def probes_table(plan) -> Table:
+    """Each probe: what the model predicted before it, and what it measured."""
+    table = Table(title="Probes: predicted before vs measured", title_justify="left", box=None, pad_edge=False)
+    for column in ("configuration", "status", "tokens/s predicted", "measured", "peak allocated predicted",
+                   "measured"):
+        table.add_column(column, justify="left" if column in ("configuration", "status") else "right")
+    for record in plan.probes:
+        m = record.measurement
+        ok = m.status == "ok"
+        table.add_row(record.config, m.status + (" (cached)" if m.cached else ""),
+                      fmt_tokens(record.predicted_tokens_per_s) if record.predicted_tokens_per_s else "—",
+                      fmt_tokens(m.tokens_per_s * record.world_size) if ok else "—",
+                      gib(record.predicted_peak_allocated) if record.predicted_peak_allocated else "—",
+                      gib(m.peak_allocated) if ok else "—")
+    return table
+
+
 def render_plan(plan, console: Console) -> None:
     console.print(summary(plan))
+    if plan.probes:
+        console.print(probes_table(plan))
     alt = alternatives(plan)
     if alt.row_count:
         console.print(alt)

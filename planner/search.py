@@ -97,13 +97,38 @@ def why_empty(space: SearchSpace) -> str:
     return "the pinned options leave no configuration to plan"
 
 
-def model_speed(resolved, gpu: GPU, cfg: Config, seq_len: int, gpus_per_node: int, attention: str) -> ThroughputInfo:
-    from planner.models.build import effective_attention
+class SpeedModel:
+    """Modelled speed of candidates: the op profile of the model's traced micro-step (one per checkpointing mode,
+    traced once), timed on the GPU with its measured efficiencies (planner/throughput.py). Probes rescale it
+    afterwards (planner/refine.py, `speed_calibration_from`)."""
 
-    kernel = effective_attention(resolved.config, attention, resolved.trust_remote_code)
-    t = tp.step_time(resolved.spec, gpu, cfg, seq_len=seq_len, gpus_per_node=gpus_per_node, attention=kernel)
-    return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
-                          step_time_s=t.step_time_s, parts=t.parts)
+    def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int):
+        from planner.hardware.efficiency_data import efficiency
+
+        self.evaluation, self.gpu, self.gpus_per_node = evaluation, gpu, gpus_per_node
+        self.eff = efficiency(gpu.name)
+        self._profiles: dict[str, tuple] = {}
+
+    def profile(self, cfg: Config) -> tuple:
+        """The traced op profile of `cfg`'s program (one per checkpointing mode and traced program) and the
+        micro-batch it was traced at."""
+        key = (cfg.checkpointing, cfg.activation_family())
+        if key not in self._profiles:
+            found = self.evaluation.speed_profile(cfg)
+            if found is None:
+                from planner.memory.profile import analytic_profile
+
+                found = analytic_profile(self.evaluation.resolved.spec, self.evaluation.seq_len, cfg.checkpointing)
+            self._profiles[key] = found
+        return self._profiles[key]
+
+    def __call__(self, cfg: Config) -> ThroughputInfo:
+        profile, anchor = self.profile(cfg)
+        t = tp.step_time(self.evaluation.resolved.spec, self.gpu, cfg, seq_len=self.evaluation.seq_len,
+                         gpus_per_node=self.gpus_per_node, profile=profile, traced_micro_batch=anchor,
+                         optimizer=self.evaluation.optimizer, eff=self.eff)
+        return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
+                              step_time_s=t.step_time_s, parts=t.parts)
 
 
 #: The analytic activations over-estimate the traced ones by at most 1.7x over ten model families
@@ -200,7 +225,8 @@ def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, b
     if not configs:
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
                                                 "--precision, --engine, --optimizer).")
-    speeds = {c: model_speed(resolved, gpu, c, evaluator.seq_len, space.gpus_per_node, attention) for c in configs}
+    model_speed = SpeedModel(evaluator.evaluation, gpu, space.gpus_per_node)
+    speeds = {c: model_speed(c) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
     results: list[Candidate] = []
     best_speed = None

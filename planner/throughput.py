@@ -1,66 +1,53 @@
-"""Step-time model: compute at an efficiency that grows with the matrices' size, communication over the
-links that carry it, offload over PCIe, the optimizer step amortised over gradient accumulation.
+"""Step time from the traced program: a per-operation roofline with overheads.
 
-Every constant is named with where it comes from. The efficiency curve is fitted to published measured
-throughput (shared/data/throughput_calibration.json; `benchmarks/throughput_accuracy.py` reports how well
-it reproduces them). Those rows come from optimised stacks (fused kernels, FlashAttention, FSDP); HF model
-code runs below them, which `HF_CODE_FACTOR` accounts for.
+Every op of the traced forward and backward (recomputation included) has a cost (planner/memory/profile.py):
+GEMMs by shape, fused attention kernels by FLOPs and bytes, every other kernel by the bytes it moves. Each runs at
+max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth), achievable figures being the GPU's own measured ones
+(planner/hardware/efficiency.json): a large GEMM's fraction of peak, scaled down for small shapes by wave
+quantization over the GPU's SMs (NVIDIA's "Matrix Multiplication Background" guide, sections 3.1-3.2) and by the
+pipeline fill of a short K loop; HBM's streaming fraction; fused attention's fraction. Eager PyTorch dispatches
+every op from the CPU: the micro-step takes the longer of the GPU's kernel time and the CPU's dispatch time (the
+CPU runs ahead asynchronously, so the shorter one hides). The step adds the optimizer (bytes it streams), gradient
+clipping, communication the backward does not hide, offload traffic and CPU Adam.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
 from planner.config import Config
 from planner.hardware import GPU
+from planner.hardware.efficiency_data import Efficiency
+from planner.memory.profile import (
+    ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, PY_KERNELS, PY_VIEWS, Profile,
+)
 from planner.models.spec import ModelSpec
-from planner.vocab import ATTENTION, CHECKPOINTING, FP32, OFFLOAD, PRECISION, SDPA
+from planner.vocab import DEEPSPEED, FP32_COMPUTE, OFFLOAD, OPTIMIZER, PRECISION, TORCH
 
-# --- compute efficiency: achieved / peak tensor FLOP/s for a dense transformer step
-#: Ceiling of model-FLOPs utilisation at large matrices, falling with the GPU's peak FLOPs per byte of HBM
-#: bandwidth: the memory-bound part of a step (norms, activations, softmax, optimizer) takes a larger share
-#: on GPUs whose matmuls got faster than their memory. ceiling = 1 / (A + B * FLOP/byte). Fitted to
-#: llm-foundry's MPT sweeps (A100: 153 FLOP/B -> ~0.70; H100 SXM: 295 FLOP/B -> ~0.50) by
-#: benchmarks/throughput_accuracy.py --fit.
-EFFICIENCY_CEILING_A = 0.80
-EFFICIENCY_CEILING_B = 0.0040
-#: Tokens per micro-batch at which efficiency reaches half its ceiling (fitted; the calibration rows all have
-#: >= 3k tokens per micro-batch, so it is loosely determined: x1.25 either way costs < 0.005 in the fit).
-EFFICIENCY_HALF_TOKENS = 790
-#: Hidden size at which efficiency reaches half its ceiling: narrow models have small matmuls (fitted).
-EFFICIENCY_HALF_HIDDEN = 300
-#: Kernel launches per block and micro-step in HF model code (~30 forward, ~60 backward) x ~6 us each: a
-#: fixed cost per micro-step that makes tiny micro-batches slow however small their FLOPs.
-LAUNCH_OVERHEAD_S_PER_BLOCK = 90 * 6e-6
-#: HF transformers model code vs. the optimised stacks of the calibration data (unfused norms, rotary
-#: and loss; no FlashAttention-2 by default).
-HF_CODE_FACTOR = 0.80
-#: Eager attention materialises the s x s scores: its attention FLOPs run memory-bound at this fraction.
-EAGER_ATTENTION_EFFICIENCY = 0.25
-#: fp32 matmuls run on the plain FP32 pipes, which kernels keep busier than tensor cores (fitted on the
-#: six fp32 rows of the calibration data, NVIDIA's BERT; weakly determined).
-FP32_EFFICIENCY_BOOST = 1.1
-
-# --- communication
-#: Per-GPU NIC bandwidth, GB/s per direction: one 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100);
-#: DGX H100 has 400 Gb/s NDR per GPU. NCCL runs one ring per NIC, so a collective spanning nodes crosses
-#: them at the node's aggregate NIC bandwidth (capped by the intra-node link).
-INTER_NODE_GBps = {"default": 25.0, "H100-80GB": 50.0, "H200-141GB": 50.0, "B200-192GB": 50.0}
-#: Achieved fraction of link bandwidth for large NCCL collectives (nccl-tests bus bandwidth vs. link peak).
-LINK_EFFICIENCY = 0.75
-#: Share of gradient communication hidden behind the backward pass (DDP buckets, DeepSpeed overlap_comm);
-#: the calibration fit prefers full overlap (0.9-1.0) for FSDP's prefetching.
-COMM_OVERLAP = 0.9
-#: Host link achieved fraction (pinned-memory copies reach ~80% of PCIe peak).
-PCIE_EFFICIENCY = 0.8
-#: DeepSpeed CPUAdam throughput, parameters per second per node (ZeRO-Offload paper, arXiv 2101.06840,
-#: Fig. 7: ~1.5B params/s on a dual-socket host with AVX512); divided among the node's ranks.
+#: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
+#: its pipeline, whose fill and drain cost a few slices. Chosen against XLA's measured H100 GEMM table
+#: (efficiency.json, H100-80GB shape_table_xla_sm90: 4096x4096 at K 256/512/1024/4096 run 392/543/677/783 TFLOPS),
+#: a GEMM micro-benchmark, not an end-to-end row; tests/test_throughput.py checks the shape model against it.
+K_HALF = 128
+#: Smaller cuBLAS tiles waste less of a small GEMM but run below the largest tiles' rate: efficiency taken as
+#: (tile area / 256x128) ** TILE_EXPONENT (same table: 256x4096x4096 reaches 412 TFLOPS only through small tiles).
+TILE_EXPONENT = 0.25
+#: What any GEMM kernel takes however small (prologue, K-loop fill, epilogue): the same table's smallest GEMM,
+#: 256x256x256, runs at 6.45 TFLOPS, i.e. 5.2 us.
+GEMM_LATENCY_S = 5.0e-6
+#: Bytes the optimizer streams per trainable parameter per state byte width, beyond the weight and gradient it
+#: reads: fused AdamW reads and writes each state (torch/optim/adamw.py `_fused_adamw`): 2 x states.
+STATE_PASSES = 2
+#: DeepSpeed's CPU Adam, parameters per second per node (ZeRO-Offload, arXiv 2101.06840, Fig. 7: ~1.5B params/s on a
+#: dual-socket host with AVX512; DeepSpeed PR #735: an 11.6B-parameter step in 8.2 s, 1.4B/s), shared by the node's
+#: ranks. Newer hosts with more cores step faster; a probe measures the user's.
 CPU_ADAM_PARAMS_PER_S = 1.5e9
-#: Bytes a fused Adam step reads and writes per parameter on the GPU: param 4 + grad 4 + m 4 + v 4 read,
-#: param 4 + m 4 + v 4 written (+2 for the 16-bit copy under mixed precision).
-ADAM_STEP_BYTES_PER_PARAM = 30
+#: DDP's gradient bucket (torch/nn/parallel/distributed.py, bucket_cap_mb=25): the last one's all-reduce cannot
+#: overlap the backward.
+DDP_BUCKET_BYTES = 25 * 2**20
 
 
 class StepParts(BaseModel):
@@ -96,93 +83,168 @@ def matmul_parameters(spec: ModelSpec) -> int:
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
-    """Training FLOPs per token as (dense, attention): 6N (fwd 2N + bwd 4N) and 12·L·h·s for the attention
-    score and value matmuls (PaLM appendix B; llm-foundry counts MFU the same way)."""
+    """Model FLOPs per token as (dense, attention), for MFU: 6N and 12·L·h·s (PaLM appendix B)."""
     return 6.0 * matmul_parameters(spec), 12.0 * spec.layers * spec.hidden * seq_len
 
 
-def efficiency_ceiling(gpu: GPU, precision: str) -> float:
-    flops_per_byte = gpu.peak_tflops(precision) * 1e12 / (gpu.hbm_bandwidth_GBps * 1e9)
-    return 1.0 / (EFFICIENCY_CEILING_A + EFFICIENCY_CEILING_B * flops_per_byte)
+def compute_dtype(precision: str, half: bool) -> str:
+    """The GEMM dtype (an efficiency.json key) of a traced op: 16-bit ops run in the precision's 16-bit dtype,
+    fp32 ops in fp32 (TF32 off, torch's default)."""
+    compute = PRECISION[precision].compute
+    return compute if half and compute != FP32_COMPUTE else FP32_COMPUTE
 
 
-def compute_efficiency(spec: ModelSpec, gpu: GPU, micro_batch: int, seq_len: int, precision: str) -> float:
-    tokens = micro_batch * seq_len
-    fp32 = PRECISION[precision].compute == PRECISION[FP32].compute
-    ceiling = efficiency_ceiling(gpu, precision)
-    eff = ceiling * tokens / (tokens + EFFICIENCY_HALF_TOKENS) * spec.hidden / (spec.hidden + EFFICIENCY_HALF_HIDDEN)
-    if fp32:
-        eff = min(0.9, eff * FP32_EFFICIENCY_BOOST)
-    return eff * HF_CODE_FACTOR
+def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> float:
+    """Fraction of a large GEMM's rate this shape reaches: the best tile's wave quantization times tile size, and
+    the K loop's pipeline fill."""
+    best = 0.0
+    for tm, tn in eff.tiles:
+        tiles = b * math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / eff.sm_count)
+        size = (tm * tn / (256 * 128)) ** TILE_EXPONENT
+        best = max(best, tiles / (waves * eff.sm_count) * size)
+    return best * k / (k + K_HALF)
 
 
-def inter_node_bandwidth(gpu: GPU, per_node: int) -> float:
-    nic = INTER_NODE_GBps.get(gpu.name, INTER_NODE_GBps["default"])
-    return min(gpu.intra_node_bandwidth_GBps, nic * max(1, per_node))
+def gemm_seconds(b, m, n, k, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: int) -> float:
+    peak = gpu.peak_tflops_for(dtype) * 1e12 * eff.matmul[dtype] * gemm_efficiency(b, m, n, k, eff)
+    moved = (b * (m * k + k * n + m * n)) * elem_bytes
+    return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + GEMM_LATENCY_S
 
 
-def _collective_seconds(bytes_: float, world: int, per_node: int, gpu: GPU) -> float:
-    """Ring all-gather or reduce-scatter of `bytes_` (full size) over `world` ranks: (W-1)/W · bytes through
-    the slowest link."""
+def bandwidth(gpu: GPU, eff: Efficiency) -> float:
+    return gpu.hbm_bandwidth_GBps * 1e9 * eff.hbm
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    gpu_s: float
+    cpu_s: float
+    flops: float
+
+    @property
+    def seconds(self) -> float:
+        """The CPU dispatches asynchronously: the longer of the two is the micro-step."""
+        return max(self.gpu_s, self.cpu_s)
+
+
+def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
+    """The CPU's side of a micro-step: every kernel launched (from Python or the autograd engine), every view op
+    (Python's cost more: argument parsing), every nn.Module call."""
+    d = profile.dispatch
+    us = ((d.get(PY_KERNELS, 0.0) + d.get(ENGINE_KERNELS, 0.0)) * eff.dispatch_us
+          + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
+          + d.get(MODULE_CALLS, 0.0) * eff.module_call_us)
+    return us * 1e-6
+
+
+def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency) -> MicroStep:
+    """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
+    the configuration's own program (weights' dtype, autocast), so its ops carry their real dtypes; 16-bit ops
+    run at the precision's 16-bit peak."""
+    gpu_s = flops = 0.0
+    for key, count in profile.matmuls.items():
+        b, m, n, k, dtype, _phase, scaled = key.split(",")
+        dims = [float(x) * (scale if s == "1" else 1.0) for x, s in zip((b, m, n, k), scaled)]
+        cdtype = compute_dtype(precision, dtype == HALF)
+        gpu_s += count * gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
+        flops += count * 2 * math.prod(dims)
+    for key, (fl, scaled, fixed, count) in profile.attention.items():
+        peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
+        moved = scaled * scale + fixed
+        gpu_s += max(fl * scale / peak, moved / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
+        flops += fl * scale
+    for scaled, fixed, count in profile.memory.values():
+        gpu_s += max((scaled * scale + fixed) / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
+    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_seconds(profile, eff), flops=flops)
+
+
+def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int) -> float:
+    """The optimizer step, gradient clipping included: the bytes they stream through HBM (or CPU Adam under
+    offload, with the gradients down and the weights up over PCIe)."""
+    trainable = spec.trainable_parameters / (cfg.world_size if cfg.sharded else 1)
+    info = OPTIMIZER[optimizer]
+    if OFFLOAD[cfg.offload].optimizer_on_cpu:
+        ranks = min(cfg.world_size, per_node)
+        pcie = gpu.host_bandwidth_GBps * 1e9 * eff.pcie
+        return trainable / (CPU_ADAM_PARAMS_PER_S / ranks) + trainable * 2 * cfg.weight_bytes() / pcie
+    state = cfg.state_width() if info.follows_weights else 1
+    states = info.state_bytes // 4 if info.follows_weights else info.state_bytes
+    per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
+    per_param += 2 * cfg.grad_bytes()  # clip_grad_norm_: the norm reads the gradients, the scale rewrites them
+    if cfg.engine == DEEPSPEED:  # the fp32 master steps, then is copied into the 16-bit weights
+        per_param += 2 * cfg.master_bytes() + cfg.weight_bytes()
+    return trainable * per_param / bandwidth(gpu, eff)
+
+
+def _link(gpu: GPU, eff: Efficiency, world: int, per_node: int) -> float:
+    """Bytes/s a ring collective moves per rank: NVLink within a node, each GPU's NIC across nodes."""
+    if world <= per_node:
+        return gpu.intra_node_bandwidth_GBps * 1e9 * eff.collective
+    return min(gpu.intra_node_bandwidth_GBps * eff.collective, eff.nic_GBps * eff.inter_node_collective) * 1e9
+
+
+def ring_seconds(nbytes: float, world: int, per_node: int, gpu: GPU, eff: Efficiency) -> float:
+    """All-gather or reduce-scatter of `nbytes` (the full size) over `world` ranks: (W-1)/W of it per rank."""
     if world <= 1:
         return 0.0
-    link = gpu.intra_node_bandwidth_GBps if world <= per_node else inter_node_bandwidth(gpu, per_node)
-    return (world - 1) / world * bytes_ / (link * 1e9 * LINK_EFFICIENCY)
+    return (world - 1) / world * nbytes / _link(gpu, eff, world, per_node)
 
 
-def recompute_factor(checkpointing: str) -> float:
-    """Extra compute of activation checkpointing: full recomputes the forward (4/3 of fwd+bwd, Korthikanti et al.
-    2022; llm-foundry's HFU/MFU = 55.0/41.25 = 1.33 for full checkpointing agrees). Selective (torchtitan's per-op
-    policy) recomputes every second forward matmul and the elementwise ops: about half the forward again."""
-    info = CHECKPOINTING[checkpointing]
-    if not info.enabled:
-        return 1.0
-    return 7.0 / 6.0 if info.per_op_policy else 4.0 / 3.0
+def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_s: float, micro_s: float, gpu: GPU,
+                          eff: Efficiency) -> float:
+    """Collectives per optimizer step that the backward (or, for ZeRO-3 gathers, the micro-step) does not hide:
+    all of a collective beyond the compute it overlaps, and the last bucket, which has nothing left to overlap."""
+    world, n = cfg.world_size, cfg.grad_accum
+    grads = spec.trainable_parameters * cfg.grad_bytes()
+    if world <= 1:
+        return 0.0
+    allreduce = 2 * ring_seconds(grads, world, per_node, gpu, eff)
+    last_bucket = allreduce * min(1.0, DDP_BUCKET_BYTES / max(grads, 1))
+    if cfg.engine == TORCH or cfg.zero_stage == 1:  # one all-reduce per step, in the last micro-step's backward
+        return max(0.0, allreduce - backward_s) + last_bucket
+    weights16 = spec.parameters * cfg.weight_bytes()
+    reduce_scatter = ring_seconds(grads, world, per_node, gpu, eff)
+    if cfg.zero_stage == 2:  # a reduce-scatter every micro-step; the weights gathered once per step
+        return n * (max(0.0, reduce_scatter - backward_s) + last_bucket / 2) + ring_seconds(weights16, world, per_node,
+                                                                                               gpu, eff)
+    gathers = 2 * ring_seconds(weights16, world, per_node, gpu, eff)  # forward and backward, every micro-step
+    per_block = (gathers + reduce_scatter) / max(1, spec.layers)
+    return n * (max(0.0, gathers + reduce_scatter - micro_s) + per_block)
 
 
-def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int,
-              attention: str = SDPA) -> Throughput:
-    micro_batch, grad_accum, world_size, zero_stage = cfg.micro_batch, cfg.grad_accum, cfg.world_size, cfg.zero_stage
+def offload_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:
+    """Parameters offloaded to the host cross PCIe for the forward and the backward of every micro-step."""
+    if not OFFLOAD[cfg.offload].params_on_cpu:
+        return 0.0
+    pcie = gpu.host_bandwidth_GBps * 1e9 * eff.pcie
+    return cfg.grad_accum * 2 * spec.parameters / cfg.world_size * cfg.weight_bytes() / pcie
+
+
+def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
+              traced_micro_batch: int, optimizer: str, eff: Efficiency) -> Throughput:
+    """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`."""
+    micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff)
+    backward = micro.seconds * _backward_share(profile)
+    compute = cfg.grad_accum * micro.seconds
+    opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)
+    comm = communication_seconds(spec, cfg, gpus_per_node, backward, micro.seconds, gpu, eff)
+    off = offload_seconds(spec, cfg, gpu, eff)
+    total = compute + opt + comm + off
+    tokens = cfg.global_batch * seq_len
     dense, attn = flops_per_token(spec, seq_len)
-    eff = compute_efficiency(spec, gpu, micro_batch, seq_len, cfg.precision)
     peak = gpu.peak_tflops(cfg.precision) * 1e12
-    attn_eff = eff * (EAGER_ATTENTION_EFFICIENCY if ATTENTION[attention].saves_scores else 1.0)
-    tokens_micro = micro_batch * seq_len
-    micro_compute = (tokens_micro * (dense / (peak * eff) + attn / (peak * attn_eff)) * recompute_factor(cfg.checkpointing)
-                     + spec.layers * LAUNCH_OVERHEAD_S_PER_BLOCK)
-    compute = micro_compute * grad_accum
+    return Throughput(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
+                      mfu=(dense + attn) * tokens / total / (cfg.world_size * peak), step_time_s=total,
+                      parts=StepParts(compute=compute, optimizer=opt, communication=comm, offload=off))
 
-    params, trainable = spec.parameters, spec.trainable_parameters
-    grad_width = cfg.grad_bytes()
-    shard = world_size if cfg.sharded else 1
-    optimizer = trainable / shard * ADAM_STEP_BYTES_PER_PARAM / (gpu.hbm_bandwidth_GBps * 1e9)
 
-    backward = micro_compute * 2 / 3
-    comm_once = 2 * _collective_seconds(trainable * grad_width, world_size, gpus_per_node, gpu)  # all-reduce
-    if zero_stage == 3:  # gather params in forward and backward, reduce-scatter grads, every micro-step
-        per_micro = 3 * _collective_seconds(params * 2, world_size, gpus_per_node, gpu)
-        comm = grad_accum * max(0.0, per_micro - COMM_OVERLAP * micro_compute)
-    elif zero_stage == 2:  # reduce-scatter every micro-step (ipg buckets), all-gather params once
-        rs = _collective_seconds(trainable * grad_width, world_size, gpus_per_node, gpu)
-        comm = grad_accum * max(0.0, rs - COMM_OVERLAP * backward) + rs
-    else:  # DDP / ZeRO-1: one all-reduce (or reduce-scatter + all-gather) per optimizer step
-        comm = max(0.0, comm_once - COMM_OVERLAP * backward)
-
-    offload_s = 0.0
-    off = OFFLOAD[cfg.offload]
-    if off.optimizer_on_cpu:
-        pcie = gpu.host_bandwidth_GBps * 1e9 * PCIE_EFFICIENCY
-        ranks_per_node = min(world_size, gpus_per_node)
-        cpu_adam = trainable / shard / (CPU_ADAM_PARAMS_PER_S / ranks_per_node)
-        traffic = (trainable / shard) * 2 * 2 / pcie          # 16-bit grads down, 16-bit params up
-        optimizer = cpu_adam + traffic
-        if off.params_on_cpu:                                  # params fetched for fwd and bwd, each micro-step
-            offload_s = grad_accum * 2 * (params / shard) * 2 / pcie
-    total = compute + optimizer + comm + offload_s
-    tokens = micro_batch * grad_accum * world_size * seq_len
-    model_flops = (dense + attn) * tokens
-    return Throughput(
-        tokens_per_s=tokens / total, samples_per_s=micro_batch * grad_accum * world_size / total,
-        mfu=model_flops / total / (world_size * peak), step_time_s=total,
-        parts=StepParts(compute=compute, optimizer=optimizer, communication=comm, offload=offload_s),
-    )
+def _backward_share(profile: Profile) -> float:
+    """The backward's share of a micro-step's GEMM FLOPs (the time collectives can hide behind)."""
+    total = backward = 0.0
+    for key, count in profile.matmuls.items():
+        b, m, n, k, _dtype, phase, _scaled = key.split(",")
+        work = count * float(b) * float(m) * float(n) * float(k)
+        total += work
+        backward += work if phase == "backward" else 0.0
+    return backward / total if total else 2.0 / 3.0

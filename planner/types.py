@@ -12,7 +12,7 @@ from planner.throughput import StepParts
 from planner.vocab import MeasurementStatus
 
 __all__ = ["Config", "Candidate", "ThroughputInfo", "Hardware", "LearningRate", "ModelInfo", "Measurement",
-           "ProbeRecord", "FamilyCalibration", "Plan"]
+           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "Plan"]
 
 
 class ThroughputInfo(BaseModel):
@@ -22,7 +22,9 @@ class ThroughputInfo(BaseModel):
     samples_per_s: float
     mfu: float
     step_time_s: float
-    source: Literal["model", "probe", "probe+model"] = "model"
+    #: model: the speed model alone; calibrated: the model rescaled by this GPU's probes; probe: measured;
+    #: probe+model: measured on fewer ranks, the modelled communication added
+    source: Literal["model", "calibrated", "probe", "probe+model"] = "model"
     parts: StepParts = StepParts()
 
 
@@ -126,6 +128,7 @@ class ProbeRecord(BaseModel):
 
     config: str
     micro_batch: int
+    world_size: int = 1               # the candidate's ranks (a probe may run fewer; every rank runs alike)
     predicted_peak_allocated: int | None
     predicted_tokens_per_s: float | None
     measurement: Measurement
@@ -139,6 +142,17 @@ class FamilyCalibration(BaseModel):
 
     activation_ratio: float
     allocator_slack: float
+
+
+class SpeedCalibration(BaseModel):
+    """Measured / modelled time of the micro-step and of the optimizer step, over the successful probes on this
+    GPU (their median); unprobed candidates are re-timed with them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    micro_step: float
+    optimizer_step: float
+    probes: int
 
 
 class Plan(BaseModel):
@@ -158,6 +172,7 @@ class Plan(BaseModel):
     files: tuple[str, ...] = ()
     probes: tuple[ProbeRecord, ...] = ()
     calibration: dict[str, FamilyCalibration] = {}
+    speed_calibration: SpeedCalibration | None = None
 
     def to_json(self) -> dict:
         choice = _config_json(self.choice.config)
@@ -177,6 +192,7 @@ class Plan(BaseModel):
             "notes": list(self.notes),
             "probes": [p.model_dump(mode="json") for p in self.probes],
             "calibration": {k: v.model_dump() for k, v in self.calibration.items()},
+            "speed_calibration": self.speed_calibration.model_dump() if self.speed_calibration else None,
             "files": list(self.files),
         }
 

@@ -42,6 +42,10 @@ PRECISION: dict[str, PrecisionInfo] = {
 }
 Precision = Literal[tuple(PRECISION)]  # type: ignore[valid-type]
 FP32 = "fp32"
+#: The dtypes matmuls compute in (`PrecisionInfo.compute`), naming the catalog's peaks (`peak_tflops_<dtype>`) and
+#: efficiency.json's achievable fractions.
+COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+FP32_COMPUTE = COMPUTE_DTYPES[-1]
 #: `estimate_memory`'s default (the design contract's example)
 DEFAULT_PRECISION = "bf16-mixed"
 #: The precision request that lets the planner choose.

@@ -80,7 +80,7 @@ def test_traces_are_cached(monkeypatch):
     config = tiny_llama(6)
     trace_activations(config, "tiny-cache", 6, req(micro_batch=7))
     calls = []
-    monkeypatch.setattr(trace_mod, "run_trace", lambda *a, **k: calls.append(a) or trace_mod.TracePoint(0, 0))
+    monkeypatch.setattr(trace_mod, "run_trace", lambda *a, **k: calls.append(a) or trace_mod.TracePoint(0, 0, {"matmuls": {}, "attention": {}, "memory": {}, "dispatch": {}}))
     trace_activations(config, "tiny-cache", 6, req(micro_batch=7))
     assert calls == []
     trace_mod._memory_cache.clear()  # the disk cache still answers

@@ -14,8 +14,8 @@ from planner.errors import InputError, NoFitError
 from planner.hardware import lookup_gpu
 from planner.lr import scale_lr
 from planner.models import resolve_model
-from planner.search import SearchSpace, divisors, enumerate_configs, judge, nearest_valid_batches
-from planner.throughput import step_time
+from planner.search import SearchSpace, SpeedModel, divisors, enumerate_configs, judge, nearest_valid_batches
+from planner.memory.estimate import Evaluation
 
 A100 = "A100-80GB"
 
@@ -97,7 +97,7 @@ def test_lr_explicit_rules_warmup_and_batchnorm():
         scale_lr(1.0, 64, 64, "cubic", "sgd")
 
 
-SPEC = resolve_model("meta-llama/Llama-3.2-1B").spec
+_SPEEDS = {}
 
 
 def _tps(**kw):
@@ -105,7 +105,11 @@ def _tps(**kw):
                 offload="none", world_size=8, gpus_per_node=8)
     args.update(kw)
     seq_len, per_node = args.pop("seq_len"), args.pop("gpus_per_node")
-    return step_time(SPEC, lookup_gpu(A100), Config(**args), seq_len=seq_len, gpus_per_node=per_node).tokens_per_s
+    key = (seq_len, per_node)
+    if key not in _SPEEDS:
+        evaluation = Evaluation(resolve_model("meta-llama/Llama-3.2-1B"), seq_len=seq_len, optimizer="adamw")
+        _SPEEDS[key] = SpeedModel(evaluation, lookup_gpu(A100), per_node)
+    return _SPEEDS[key](Config(**args))
 
 
 @settings(max_examples=80, deadline=None)
@@ -114,14 +118,16 @@ def _tps(**kw):
 def test_speed_model_directions(mb, n, seq, zero, world):
     kw = dict(micro_batch=mb, grad_accum=n, seq_len=seq, zero_stage=zero, world_size=world, gpus_per_node=min(world, 8))
     base = _tps(**kw)
-    assert _tps(**{**kw, "checkpointing": "selective"}) <= base
-    assert _tps(**{**kw, "checkpointing": "full"}) <= _tps(**{**kw, "checkpointing": "selective"})
-    assert _tps(**{**kw, "precision": "fp32"}) < base
+    # recomputation costs compute (a longer backward may hide more communication, so compare the compute)
+    selective, full = _tps(**{**kw, "checkpointing": "selective"}), _tps(**{**kw, "checkpointing": "full"})
+    assert base.parts.compute <= selective.parts.compute * 1.01 and selective.parts.compute <= full.parts.compute * 1.01
+    assert _tps(**{**kw, "precision": "fp32"}).tokens_per_s < base.tokens_per_s
     if zero:
-        assert _tps(**{**kw, "offload": "optimizer"}) <= base
-    # a bigger micro-batch at the same global batch never lowers throughput (fewer, larger steps)
+        assert _tps(**{**kw, "offload": "optimizer"}).tokens_per_s <= base.tokens_per_s
+    # a bigger micro-batch at the same global batch never lowers throughput much (fewer, larger steps; wave
+    # quantization of the GEMMs can cost a little)
     if n % 2 == 0:
-        assert _tps(**{**kw, "micro_batch": mb * 2, "grad_accum": n // 2}) >= base * 0.999
+        assert _tps(**{**kw, "micro_batch": mb * 2, "grad_accum": n // 2}).tokens_per_s >= base.tokens_per_s * 0.98
 
 
 def test_bloom_560m_on_a100_80gb():

@@ -73,6 +73,15 @@ class GPU(BaseModel):
             raise ValueError(f"{self.name} has no {compute} support")
         return peak
 
+    def peak_tflops_for(self, compute: str) -> float:
+        """Dense peak for a compute dtype name (bf16 | fp16 | tf32 | fp32); fp16 stands in where bf16 is absent."""
+        peak = getattr(self, f"peak_tflops_{compute}", None)
+        if peak is None and compute == "bf16":
+            peak = self.peak_tflops_fp16
+        if peak is None:
+            raise ValueError(f"{self.name} has no {compute} peak in the catalog")
+        return peak
+
     def cannot_run(self, precision: str, attention: str | None = None) -> str | None:
         """Why this GPU cannot run a precision (or attention implementation), or None."""
         if PRECISION[precision].needs_bf16 and not self.bf16:

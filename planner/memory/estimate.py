@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import BaseModel, ConfigDict
 
 from planner.config import Config
@@ -12,8 +14,8 @@ from planner.memory.kernels import attention_kernel
 from planner.memory.trace import TraceRequest, trace_activations
 from planner.vocab import (
     ACTIVATIONS, ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
-    ESTIMATE, KERNEL, LABELS_OBJECTIVE, MEMORY_METHOD, OBJECTIVE, NO_CHECKPOINTING, NO_OFFLOAD, OFFLOAD, OPTIMIZER, SDPA, TORCH, TRACE, Attention,
-    EstimateMethod,
+    ESTIMATE, KERNEL, LABELS_OBJECTIVE, MEMORY_METHOD, NO_CHECKPOINTING, NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER,
+    SDPA, TORCH, TRACE, Attention, EstimateMethod,
 )
 
 MiB = 2**20
@@ -259,6 +261,34 @@ class Evaluation:
                                           checkpointing=cfg.checkpointing)
         return sum(terms.values()), ANALYTIC
 
+    def speed_profile(self, cfg: Config):
+        """The op profile of one micro-step of `cfg`'s program (its weights' dtype and autocast, its attention
+        kernel, its checkpointing) and the micro-batch it was traced at, for the speed model; None when the model
+        cannot be traced. The step is traced once without checkpointing at one and two blocks; recomputation adds
+        the traced forward of a block per block: all of it for full checkpointing, and for selective (torchtitan's
+        per-op policy, planner/memory/step.py) its non-matmul ops and every second matmul, the attention kernel's
+        outputs being kept."""
+        spec, resolved = self.resolved.spec, self.resolved
+        if resolved.config is None:
+            return None
+        anchor = speed_anchor_micro_batch(spec, self.seq_len)
+        req = replace(self.trace_request(cfg), micro_batch=anchor, checkpointing=NO_CHECKPOINTING,
+                      grads_allocated=True)
+        try:
+            one, two = speed_trace_profiles(resolved, req)
+        except Exception:  # noqa: BLE001 - an untraceable model gets the formula profile
+            return None
+        (l1, p1), (l2, p2) = one, two
+        base = p1.extrapolated(p2, l1, l2, spec.layers)
+        info = CHECKPOINTING[cfg.checkpointing]
+        if not info.enabled:
+            return base, anchor
+        block = p2.minus(p1)
+        blocks = spec.layers / max(1, l2 - l1)
+        if info.per_op_policy:
+            return base.scaled_add(block, blocks, matmul_factor=blocks / 2, attention=False), anchor
+        return base.scaled_add(block, blocks), anchor
+
     def _fit(self, cfg: Config):
         resolved, spec = self.resolved, self.resolved.spec
         return trace_activations(resolved.config, spec.config_hash, spec.layers, self.trace_request(cfg),
@@ -281,6 +311,29 @@ class Evaluation:
         if self.device == "cuda":
             slack = self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
         return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack)
+
+
+def speed_trace_profiles(resolved, req):
+    """The speed trace at the smallest depths that show one block (1 and 2; 2 and 4 where blocks alternate), also
+    for models shallower than that (the profile is extrapolated to their depth)."""
+    from planner.memory.profile import Profile
+    from planner.memory.trace import TRACED_LAYERS_ALTERNATING, _cached_trace
+
+    spec = resolved.spec
+    kinds = getattr(resolved.config, "layer_types", None)
+    l1, l2 = TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else (1, 2)
+    points = [(depth, _cached_trace(resolved.config, spec.config_hash, depth, req, resolved.trust_remote_code))
+              for depth in dict.fromkeys((l1, l2))]
+    profiles = [(depth, Profile.from_json(point.profile)) for depth, point in points]
+    return profiles[0], profiles[-1]
+
+
+def speed_anchor_micro_batch(spec, seq_len: int) -> int:
+    """The micro-batch a speed profile is traced at: the smallest from 2 whose token count equals no dimension of
+    the model's weights, so that the profile can tell token-proportional dimensions from the weights' own."""
+    dims = {spec.hidden, spec.ffn, spec.vocab, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim,
+            2 * spec.ffn, 3 * spec.hidden, spec.hidden + 2 * spec.kv_heads * spec.head_dim, spec.num_labels}
+    return next(b for b in range(2, 64) if b * seq_len not in dims)
 
 
 def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:

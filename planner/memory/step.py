@@ -94,18 +94,20 @@ def autocast_context(dtype_name: str | None, device_type: str):
     return torch.autocast(device_type, dtype=getattr(torch, dtype_name))
 
 
-def micro_step(model, batch: dict, autocast: str | None, device_type: str = "cpu", loss_scale: float = 1.0,
-               objective: str = LABELS_OBJECTIVE) -> None:
-    """Forward and backward of one micro-batch; gradients accumulate into .grad.
-
-    The loss is the head's own (`vocab.OBJECTIVE`), or the sum of the first output; a head without a loss trains on
-    the mean of its output. `loss_scale` stands for fp16 loss scaling (GradScaler multiplies the loss; memory is the
-    same).
-    """
+def forward_loss(model, batch: dict, autocast: str | None, device_type: str = "cpu",
+                 objective: str = LABELS_OBJECTIVE):
+    """The forward of one micro-batch and its loss: the head's own (`vocab.OBJECTIVE`), or the sum of the first
+    output; a head without a loss trains on the mean of its output."""
     with autocast_context(autocast, device_type):
         out = model(**batch)
         if objective != LABELS_OBJECTIVE:
-            loss = out[0].sum()
-        else:
-            loss = out.loss if getattr(out, "loss", None) is not None else out[0].float().mean()
+            return out[0].sum()
+        return out.loss if getattr(out, "loss", None) is not None else out[0].float().mean()
+
+
+def micro_step(model, batch: dict, autocast: str | None, device_type: str = "cpu", loss_scale: float = 1.0,
+               objective: str = LABELS_OBJECTIVE) -> None:
+    """Forward and backward of one micro-batch; gradients accumulate into .grad. `loss_scale` stands for fp16 loss
+    scaling (GradScaler multiplies the loss; memory is the same)."""
+    loss = forward_loss(model, batch, autocast, device_type, objective)
     (loss * loss_scale if loss_scale != 1.0 else loss).backward()

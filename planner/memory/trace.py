@@ -30,7 +30,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 10
+CACHE_VERSION = 15
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class TracePoint:
 
     activations: int
     slack: int
+    profile: dict           # planner.memory.profile.Profile as JSON: the step's ops, for the speed model
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,16 @@ class TraceFit:
     layers_traced: tuple[int, ...]
     slack_fixed: float = 0.0    # the allocator's slack at the anchor micro-batch: fixed + per block
     slack_block: float = 0.0
+    profiles: tuple = ()        # the step's op profiles at the traced depths (JSON), for the speed model
+
+    def profile(self, layers: int):
+        """The op profile of a `layers`-block micro-step at the anchor micro-batch, extrapolated per block."""
+        from planner.memory.profile import Profile
+
+        first, *rest = [Profile.from_json(p) for p in self.profiles]
+        if not rest:
+            return first
+        return first.extrapolated(rest[0], self.layers_traced[0], self.layers_traced[-1], layers)
 
     def slack(self, layers: int) -> int:
         """reserved - allocated of the step's own allocations at `layers` blocks (anchor micro-batch)."""
@@ -137,7 +148,8 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
     second = first if l1 == l2 else _cached_trace(config, config_hash, l2, req, trust_remote_code)
     depth = l2 - l1 or 1
     slack_block = (second.slack - first.slack) / depth if l1 != l2 else 0.0
-    slack = {"slack_fixed": first.slack - l1 * slack_block, "slack_block": slack_block}
+    slack = {"slack_fixed": first.slack - l1 * slack_block, "slack_block": slack_block,
+             "profiles": (first.profile,) if l1 == l2 else (first.profile, second.profile)}
     if not batch_slope:
         if l1 == l2:
             return TraceFit(float(first.activations), 0.0, 0.0, 0.0, (l1,), **slack)
@@ -186,8 +198,8 @@ def _cached_trace(config, config_hash, layers, req, trust) -> TracePoint:
     if key in _memory_cache:
         return _memory_cache[key]
     stored = load_json("traces", key)
-    if stored is not None and isinstance(stored.get("activations"), int) and isinstance(stored.get("slack"), int):
-        result = TracePoint(stored["activations"], stored["slack"])
+    if stored is not None and {"activations", "slack", "profile"} <= set(stored):
+        result = TracePoint(stored["activations"], stored["slack"], stored["profile"])
     else:
         result = run_trace(config, layers, req, trust)
         store_json("traces", key, asdict(result))
@@ -267,13 +279,15 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from planner.memory.allocator import replay
-    from planner.memory.step import enable_checkpointing, make_batch, micro_step
+    from planner.memory.profile import OpRecorder
+    from planner.memory.step import enable_checkpointing, forward_loss, make_batch
     from planner.memory.tracker import LiveStorageTracker
     from planner.models.build import build_meta
 
     cfg = _prepare_config(config, layers, req)
     model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32)
     tracker = LiveStorageTracker()
+    recorder = OpRecorder(req.micro_batch, req.seq_len)
     with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions():
         model.to_empty(device="cpu")
         model.tie_weights()
@@ -287,7 +301,10 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
                     p.grad = torch.zeros_like(p)
             base = tracker.reset_peak()
             tracker.record()
-            with _sdpa_kernel(req.attention):
-                micro_step(model, batch, req.autocast, objective=req.objective)
+            with _sdpa_kernel(req.attention), recorder:
+                loss = forward_loss(model, batch, req.autocast, objective=req.objective)
+                recorder.phase = "backward"
+                loss.backward()
     replayed = replay(tracker.events)
-    return TracePoint(activations=tracker.peak - base, slack=max(0, replayed.peak_reserved - (tracker.peak - base)))
+    return TracePoint(activations=tracker.peak - base, slack=max(0, replayed.peak_reserved - (tracker.peak - base)),
+                      profile=recorder.profile.to_json())

@@ -1,0 +1,98 @@
+"""What each GPU achieves, as data (efficiency.json, every number with its source): the fraction of peak a large GEMM
+reaches per dtype, the fraction of HBM bandwidth streaming kernels reach, SM count (wave quantization of small
+GEMMs), kernel launch and eager dispatch costs, fused-attention efficiency, NIC bandwidth and collective and PCIe
+efficiencies. A figure efficiency.json lacks for a GPU falls back to its `defaults` block, which says so.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.vocab import COMPUTE_DTYPES
+
+#: Inter-node bandwidth per GPU where efficiency.json has none for a GPU: one 200 Gb/s HDR InfiniBand NIC per GPU, as
+#: in DGX A100 (efficiency.json's A100 network entry cites it).
+DEFAULT_NIC_Gbps = 200.0
+
+
+class Efficiency(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    sm_count: int
+    matmul: dict[str, float]          # compute dtype (bf16 | fp16 | tf32 | fp32) -> achievable fraction of peak
+    hbm: float                        # achievable fraction of HBM bandwidth
+    launch_us: float                  # GPU-side cost of one back-to-back kernel
+    dispatch_us: float                # CPU-side cost of one eager op that launches a kernel
+    python_op_us: float               # CPU-side cost of a view/metadata op issued from Python
+    cpp_op_us: float                  # CPU-side cost of a view op issued by the autograd engine
+    module_call_us: float             # CPU-side cost of one nn.Module call
+    attention: float                  # fused attention kernels' fraction of the tensor peak (fwd + bwd)
+    nic_GBps: float                   # inter-node bandwidth per GPU, GB/s per direction
+    collective: float                 # NCCL bus bandwidth / link bandwidth within a node
+    inter_node_collective: float      # the same across nodes, per GPU's NIC
+    pcie: float                       # achieved / peak host-link bandwidth for pinned copies
+    tiles: tuple[tuple[int, int], ...]
+
+
+def _value(block: dict | None, *names: str):
+    for name in names:
+        entry = (block or {}).get(name)
+        if isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)):
+            return float(entry["value"])
+        if isinstance(entry, dict) and isinstance(entry.get("value"), list):  # a published range: its low end
+            return float(min(entry["value"]))
+    return None
+
+
+def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
+    def pick(section: str, *keys: str) -> float:
+        found = _value(data.get(section), *keys)
+        return found if found is not None else _value(defaults.get(section), *keys)
+
+    matmul = {d: (_value(data.get("matmul"), d) or _value(defaults.get("matmul"), d))
+              for d in COMPUTE_DTYPES}
+    launch = data.get("launch_overhead_us") or defaults["launch_overhead_us"]
+
+    def overhead(key: str) -> float:
+        found = _value(launch, key)
+        return found if found is not None else _value(defaults["launch_overhead_us"], key)
+
+    nic = _value(data.get("network"), "nic_per_gpu_Gbps")
+    tiles = tuple(tuple(int(x) for x in t.split("x")) for t in defaults["gemm_tiles"]["value"])
+    return Efficiency(
+        gpu=name, sm_count=int(_value(data, "sm_count")), matmul=matmul,
+        hbm=_value(data, "hbm") or _value(defaults, "hbm"),
+        launch_us=overhead("gpu_side_us"),
+        dispatch_us=overhead("eager_dispatch_us"), python_op_us=overhead("python_op_us"),
+        cpp_op_us=overhead("cpp_op_us"), module_call_us=overhead("module_call_us"),
+        attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
+                         "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
+        nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8,
+        collective=pick("network", "nccl_intra_allreduce_busbw_fraction", "nccl_intra_over_pcie_fraction"),
+        inter_node_collective=pick("network", "nccl_inter_node_per_gpu_fraction"),
+        pcie=pick("network", "pcie_host_fraction"), tiles=tiles)
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict[str, Efficiency]:
+    data = json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
+    return {name: _entry(name, entry, data["defaults"]) for name, entry in data["gpus"].items()}
+
+
+def efficiency(gpu_name: str) -> Efficiency:
+    """The efficiency figures of a catalog GPU (KeyError for a name efficiency.json lacks)."""
+    return _table()[gpu_name]
+
+
+def cpu_efficiency(dispatch_us: float, python_op_us: float, cpp_op_us: float, module_call_us: float) -> Efficiency:
+    """Figures for this machine's CPU (measured by the CPU proxy benchmark): one 'SM', no waves; the CPU both
+    dispatches and runs the kernels, so the micro-step is their sum (throughput.micro_step, `serial`)."""
+    return Efficiency(gpu="cpu", sm_count=1, matmul=dict.fromkeys(COMPUTE_DTYPES, 1.0), hbm=1.0, launch_us=0.0,
+                      dispatch_us=dispatch_us, python_op_us=python_op_us, cpp_op_us=cpp_op_us,
+                      module_call_us=module_call_us, attention=1.0, nic_GBps=0.0, collective=1.0,
+                      inter_node_collective=1.0, pcie=1.0, tiles=((1, 1),))

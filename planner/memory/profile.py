@@ -1,0 +1,282 @@
+"""The traced step's operations as a cost profile: what each kernel computes and moves, for the speed model.
+
+`OpRecorder` is a TorchDispatchMode that sees every aten op of the traced forward and backward (recomputation
+under checkpointing included) and records, per op: its kind (matmul, fused attention, view, or another kernel), its
+FLOPs (torch.utils.flop_counter's formulas), the bytes of its inputs and outputs, its dtype, and the phase. Ops are
+aggregated into a `Profile` keyed by what decides their time, so that a profile is small (JSON in the trace cache)
+and can be extrapolated over depth like the activations, and over the micro-batch: every tensor dimension equal to
+the traced token count (or micro-batch) is marked, so a profile traced at one micro-batch scales to another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from planner.vocab import FP32_COMPUTE
+
+_MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # op -> the two operand positions
+_ATTENTION_FORWARD = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
+                      "_flash_attention_forward", "_efficient_attention_forward")
+_ATTENTION_BACKWARD = ("_scaled_dot_product_flash_attention_backward",
+                       "_scaled_dot_product_efficient_attention_backward",
+                       "_scaled_dot_product_flash_attention_for_cpu_backward",
+                       "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
+                       "_efficient_attention_backward")
+_FREE = {"detach", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
+         "slice", "as_strided", "alias", "split", "split_with_sizes", "unbind", "chunk", "narrow", "reshape",
+         "empty", "empty_like", "new_empty", "_reshape_alias", "lift_fresh", "diagonal", "view_as_real",
+         "view_as_complex", "unfold", "sym_size", "sym_stride", "sym_numel", "is_same_size", "_to_copy_noop"}
+HALF = "half"
+FULL = FP32_COMPUTE
+#: Dispatch kinds: who issues an op, and whether it launches a kernel.
+PY_KERNELS, PY_VIEWS, MODULE_CALLS = "python_kernels", "python_views", "module_calls"
+ENGINE_KERNELS, ENGINE_VIEWS = "engine_kernels", "engine_views"
+PYTHON_DISPATCH = (PY_KERNELS, PY_VIEWS, MODULE_CALLS)
+
+
+def _dtype_class(dtype: torch.dtype) -> str:
+    return HALF if dtype in (torch.float16, torch.bfloat16) else FULL
+
+
+def _argument(func, args, kwargs, name: str):
+    """The value of the op's argument `name` (from its schema), or None."""
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return kwargs.get(name, args[i] if i < len(args) else argument.default_value)
+    return None
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+@dataclass
+class Profile:
+    """Aggregated costs of one traced micro-step. Keys are strings so the profile is JSON."""
+
+    #: "b,m,n,k,dtype,phase,scaled" -> count: GEMMs by shape; `scaled` says which of b, m, n, k grow with tokens
+    matmuls: dict[str, float] = field(default_factory=dict)
+    #: "dtype,phase" -> [flops, token-scaled bytes, fixed bytes, count]: fused attention kernels
+    attention: dict[str, list[float]] = field(default_factory=dict)
+    #: "dtype,phase" -> [token-scaled bytes, fixed bytes, count]: every other kernel (memory-bound)
+    memory: dict[str, list[float]] = field(default_factory=dict)
+    #: what the CPU dispatches, by who issues it (DISPATCH_KINDS): Python issues the forward's kernels and views
+    #: and calls the nn.Modules; the autograd engine (C++) issues the backward's
+    dispatch: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"matmuls": self.matmuls, "attention": self.attention, "memory": self.memory, "dispatch": self.dispatch}
+
+    @staticmethod
+    def from_json(data: dict) -> "Profile":
+        return Profile(dict(data["matmuls"]), {k: list(v) for k, v in data["attention"].items()},
+                       {k: list(v) for k, v in data["memory"].items()}, dict(data["dispatch"]))
+
+    def count(self, kind: str, n: float = 1.0) -> None:
+        self.dispatch[kind] = self.dispatch.get(kind, 0.0) + n
+
+    def extrapolated(self, other: "Profile", l1: int, l2: int, layers: int) -> "Profile":
+        """Linear over depth through this profile (l1 blocks) and `other` (l2 blocks), at `layers`."""
+        t = (layers - l1) / (l2 - l1) if l2 != l1 else 0.0
+
+        def mix(a, b):
+            return max(0.0, a + t * (b - a))
+
+        def mix_dict(a: dict, b: dict):
+            out = {}
+            for key in set(a) | set(b):
+                va, vb = a.get(key), b.get(key)
+                if isinstance(va or vb, list):
+                    va, vb = va or [0.0] * len(vb), vb or [0.0] * len(va)
+                    out[key] = [mix(x, y) for x, y in zip(va, vb)]
+                else:
+                    out[key] = mix(va or 0.0, vb or 0.0)
+            return out
+
+        return Profile(mix_dict(self.matmuls, other.matmuls), mix_dict(self.attention, other.attention),
+                       mix_dict(self.memory, other.memory), mix_dict(self.dispatch, other.dispatch))
+
+
+    def scaled_add(self, other: "Profile", factor: float, *, matmul_factor: float | None = None,
+                   attention: bool = True) -> "Profile":
+        """This profile plus `factor` x the forward entries of `other` (recomputation of blocks), matmuls at
+        `matmul_factor` x instead where given, fused attention only if `attention`. Recomputation re-runs the
+        block's Python forward whatever is kept: its dispatches count in full."""
+        mm_factor = factor if matmul_factor is None else matmul_factor
+        out = Profile(dict(self.matmuls), {k: list(v) for k, v in self.attention.items()},
+                      {k: list(v) for k, v in self.memory.items()}, dict(self.dispatch))
+        for kind in PYTHON_DISPATCH:
+            out.count(kind, factor * other.dispatch.get(kind, 0.0))
+        for key, count in other.matmuls.items():
+            if ",forward," in key:
+                recomputed = key.replace(",forward,", ",backward,")
+                out.matmuls[recomputed] = out.matmuls.get(recomputed, 0.0) + mm_factor * count
+        for table, source, use in ((out.attention, other.attention, attention), (out.memory, other.memory, True)):
+            for key, values in source.items():
+                if key.endswith(",forward") and use:
+                    target = table.setdefault(key.replace(",forward", ",backward"), [0.0] * len(values))
+                    table[key.replace(",forward", ",backward")] = [a + factor * b for a, b in zip(target, values)]
+        return out
+
+    def minus(self, other: "Profile") -> "Profile":
+        """This profile less `other`, entry by entry (never below zero): one block, from two depths."""
+        def sub(a: dict, b: dict):
+            out = {}
+            for key, value in a.items():
+                base = b.get(key)
+                if isinstance(value, list):
+                    out[key] = [max(0.0, x - y) for x, y in zip(value, base or [0.0] * len(value))]
+                else:
+                    out[key] = max(0.0, value - (base or 0.0))
+            return out
+
+        return Profile(sub(self.matmuls, other.matmuls), sub(self.attention, other.attention),
+                       sub(self.memory, other.memory), sub(self.dispatch, other.dispatch))
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records the cost of every op into a Profile. `tokens` and `micro_batch` are the traced step's, so that
+    token-proportional dimensions and bytes can be told from fixed ones; `phase` is set by the caller."""
+
+    def __init__(self, micro_batch: int, seq_len: int):
+        super().__init__()
+        self.profile = Profile()
+        self.micro_batch, self.seq_len, self.tokens = micro_batch, seq_len, micro_batch * seq_len
+        self.phase = "forward"
+
+    def __enter__(self):
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self._hook = register_module_forward_pre_hook(self._module_called)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+        return super().__exit__(*exc)
+
+    def _module_called(self, module, args) -> None:
+        if self.phase == "forward":  # recomputation under checkpointing is counted from the forward's
+            self.profile.count(MODULE_CALLS)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        try:
+            self._record(func, name, args, kwargs, out)
+        except Exception:  # noqa: BLE001 - a cost we cannot read is a cost we skip, never a failed trace
+            pass
+        return out
+
+    def _record(self, func, name, args, kwargs, out) -> None:
+        python = self.phase == "forward"
+        if name in _FREE:
+            self.profile.count(PY_VIEWS if python else ENGINE_VIEWS)
+            return
+        if not _tensors(out):  # metadata queries (device, sizes): a real tensor answers them without dispatch
+            return
+        self.profile.count(PY_KERNELS if python else ENGINE_KERNELS)
+        if name in _MATMULS:
+            self._matmul(name, args)
+        elif name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
+            self._attention(func, name, args, kwargs, out)
+        else:
+            self._memory(args, out)
+
+    def _token_bytes(self, t: torch.Tensor) -> tuple[float, float]:
+        # a broadcast (expanded) view reads its storage, not its logical size
+        nbytes = float(min(t.numel() * t.element_size(), t.untyped_storage().nbytes()))
+        shape = tuple(t.shape)
+        scaled = self.tokens in shape or (len(shape) >= 2 and shape[0] == self.micro_batch and
+                                           self.seq_len in shape[1:])
+        return (nbytes, 0.0) if scaled else (0.0, nbytes)
+
+    def _memory(self, args, out) -> None:
+        tensors = _tensors(args) + _tensors(out)
+        dtype = _dtype_class(_tensors(out)[0].dtype)
+        entry = self.profile.memory.setdefault(f"{dtype},{self.phase}", [0.0, 0.0, 0.0])
+        for t in tensors:
+            scaled, fixed = self._token_bytes(t)
+            entry[0] += scaled
+            entry[1] += fixed
+        entry[2] += 1
+
+    def _matmul(self, name, args) -> None:
+        i, j = _MATMULS[name]
+        a, b = args[i], args[j]
+        batch = a.shape[0] if a.dim() == 3 else 1
+        m, k = a.shape[-2], a.shape[-1]
+        n = b.shape[-1]
+        # the batch of a bmm (micro-batch x heads in HF attention) and any dimension equal to the token count
+        # grow with the micro-batch; the anchor micro-batch is chosen so that no weight dimension equals it
+        scaled = "".join("1" if (x == 0 and a.dim() == 3) or d == self.tokens else "0"
+                         for x, d in enumerate((batch, m, n, k)))
+        key = f"{batch},{m},{n},{k},{_dtype_class(a.dtype)},{self.phase},{scaled}"
+        self.profile.matmuls[key] = self.profile.matmuls.get(key, 0.0) + 1
+
+    def _attention(self, func, name, args, kwargs, out) -> None:
+        tensors = _tensors(args)
+        if "backward" in name:
+            grad_out, q, k, v = tensors[:4]
+            flops = sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
+        else:
+            q, k, v = tensors[:3]
+            flops = sdpa_flop_count(q.shape, k.shape, v.shape)
+        if _argument(func, args, kwargs, "is_causal"):  # the kernels skip the masked half of the score tiles
+            flops /= 2
+        entry = self.profile.attention.setdefault(f"{_dtype_class(q.dtype)},{self.phase}", [0.0, 0.0, 0.0, 0.0])
+        entry[0] += flops
+        for t in tensors + _tensors(out):
+            scaled, fixed = self._token_bytes(t)
+            entry[1] += scaled
+            entry[2] += fixed
+        entry[3] += 1
+
+
+__all__ = ["OpRecorder", "Profile", "HALF", "FULL", "flop_registry"]
+
+
+#: For models that cannot be traced: per block and token, the bytes non-GEMM kernels move (in units of the hidden
+#: size, 2-byte elements) and the kernels a block launches, forward; the backward is taken as twice the forward.
+#: Korthikanti et al. 2022 (arXiv 2205.05198) count 34 saved values of size h per token and block for a GPT block;
+#: the kernels reading and writing them move about that many.
+ANALYTIC_BYTES_PER_TOKEN_H = 34
+ANALYTIC_KERNELS_PER_BLOCK = 30
+#: nn.Module calls of a transformer block: attention with its 4 projections, 2 norms, an MLP of 2-3 linears and
+#: its activation, dropouts: about 10 (counted in transformers' GPT-2 and Llama blocks).
+ANALYTIC_MODULES_PER_BLOCK = 10
+
+
+def analytic_profile(spec, seq_len: int, checkpointing: str) -> tuple[Profile, int]:
+    """A profile from the architecture's shapes, at micro-batch 1 (the fallback when tracing fails)."""
+    from planner.vocab import CHECKPOINTING
+
+    profile, t, h = Profile(), seq_len, spec.hidden
+    kv = spec.kv_heads * spec.head_dim
+    gemms = [(h, h + 2 * kv), (h, h), (h, spec.ffn * (2 if spec.gated_mlp else 1)), (spec.ffn, h)]
+    info = CHECKPOINTING[checkpointing]
+    forwards = 1.0 + (1.0 if info.enabled and not info.per_op_policy else 0.5 if info.per_op_policy else 0.0)
+    for phase, passes in (("forward", forwards), ("backward", 1.0)):
+        for k, n in gemms:
+            for key in ([f"1,{t},{n},{k},{HALF},{phase},0100"] if phase == "forward" else
+                        [f"1,{t},{k},{n},{HALF},{phase},0100", f"1,{k},{n},{t},{HALF},{phase},0001"]):
+                profile.matmuls[key] = profile.matmuls.get(key, 0.0) + passes * spec.layers
+        flops = 4.0 * spec.heads * t * t * spec.head_dim * (passes if phase == "forward" else 2.5) * spec.layers
+        profile.attention[f"{HALF},{phase}"] = [flops, 4.0 * t * h * 2 * spec.layers, 0.0, passes * spec.layers]
+        moved = ANALYTIC_BYTES_PER_TOKEN_H * h * 2 * t * spec.layers * (passes if phase == "forward" else 2)
+        kernels = ANALYTIC_KERNELS_PER_BLOCK * spec.layers * (passes if phase == "forward" else 2)
+        profile.memory[f"{HALF},{phase}"] = [moved, 0.0, kernels]
+        launched = kernels + 4 * spec.layers * (passes if phase == "forward" else 2) + spec.layers * passes
+        profile.count(PY_KERNELS if phase == "forward" else ENGINE_KERNELS, launched)
+    profile.count(MODULE_CALLS, ANALYTIC_MODULES_PER_BLOCK * spec.layers * forwards)
+    if spec.has_lm_head:
+        profile.matmuls[f"1,{t},{spec.vocab},{h},{HALF},forward,0100"] = 1.0
+        profile.matmuls[f"1,{t},{h},{spec.vocab},{HALF},backward,0100"] = 1.0
+        profile.matmuls[f"1,{h},{spec.vocab},{t},{HALF},backward,0001"] = 1.0
+    return profile, 1

@@ -1,0 +1,134 @@
+"""The speed model's parts: the GEMM shape model against a measured GEMM table, the traced op profile (who
+dispatches what, attention kernels, causal masking), the micro-step's CPU/GPU overlap, and probe calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+
+import pytest
+
+import planner.throughput as T
+from planner.config import Config
+from planner.hardware import lookup_gpu
+from planner.hardware.efficiency_data import efficiency
+from planner.memory.estimate import Evaluation
+from planner.memory.profile import (
+    ENGINE_KERNELS, MODULE_CALLS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
+)
+from planner.models import resolve_model
+from planner.refine import _recalibrated, speed_calibration_from
+from planner.search import SpeedModel
+from planner.types import Candidate, Measurement, ThroughputInfo
+
+
+def _xla_rows():
+    data = json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
+    return data["gpus"]["H100-80GB"]["shape_table_xla_sm90"]["rows"]
+
+
+def test_gemm_model_reproduces_the_measured_h100_gemm_table():
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    errors = []
+    for b, m, n, k, bf16_tflops, _ in _xla_rows():
+        predicted = 2 * b * m * n * k / T.gemm_seconds(b, m, n, k, "bf16", gpu, eff, 2) / 1e12
+        errors.append(abs(math.log(predicted / bf16_tflops)))
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.10          # median within ~10%
+    assert errors[-1] < math.log(2.5)               # no shape off by more than 2.5x
+
+
+def test_small_gemms_are_less_efficient_than_large_ones():
+    gpu = lookup_gpu("A100-80GB")
+    eff = efficiency(gpu.name)
+
+    def rate(m, n, k):
+        return 2 * m * n * k / T.gemm_seconds(1, m, n, k, "bf16", gpu, eff, 2)
+
+    assert rate(256, 256, 256) < rate(1024, 1024, 1024) < rate(8192, 8192, 8192)
+
+
+@pytest.fixture(scope="module")
+def gpt2_profile():
+    from planner.memory.trace import TraceRequest, run_trace
+
+    config = resolve_model("openai-community/gpt2").config
+    req = TraceRequest(micro_batch=2, seq_len=64, activations="mixed", checkpointing="none", attention="flash",
+                       attention_dropout=False)
+    return Profile.from_json(run_trace(config, 2, req).profile)
+
+
+def test_profile_counts_who_dispatches_what(gpt2_profile):
+    d = gpt2_profile.dispatch
+    assert d[PY_KERNELS] > 0 and d[ENGINE_KERNELS] > d[PY_KERNELS] / 2 and d[PY_VIEWS] > 0
+    assert d[MODULE_CALLS] >= 2 * 8  # each block calls attention, MLP, norms, linears
+    assert any(",backward," in key for key in gpt2_profile.matmuls)
+
+
+def test_attention_backward_is_a_kernel_with_flops_and_causal_halves_them(gpt2_profile):
+    fwd, bwd = gpt2_profile.attention["half,forward"], gpt2_profile.attention["half,backward"]
+    assert fwd[3] == 2 and bwd[3] == 2          # one kernel per block, each way
+    assert bwd[0] == pytest.approx(2.5 * fwd[0])  # backward = 2.5x forward FLOPs (torch.utils.flop_counter)
+    # GPT-2 calls SDPA with is_causal: 2 blocks x 4 * b*h*s*s*d / 2
+    assert fwd[0] == pytest.approx(2 * 4 * 2 * 12 * 64 * 64 * 64 / 2)
+
+
+def test_metadata_queries_are_not_counted_as_dispatches():
+    import torch
+
+    recorder = OpRecorder(micro_batch=1, seq_len=4)
+    with recorder:
+        x = torch.ones(4)
+        _ = x.device
+        (x + 1).sum()
+    assert recorder.profile.dispatch[PY_KERNELS] == 3  # ones, add, sum
+
+
+def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels():
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    small = Profile(matmuls={"1,64,64,64,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
+    step = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
+    assert step.seconds == step.cpu_s == pytest.approx(100 * eff.dispatch_us * 1e-6)
+    big = Profile(matmuls={"1,8192,8192,8192,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
+    step = T.micro_step(big, 1.0, "bf16-mixed", gpu, eff)
+    assert step.seconds == step.gpu_s > step.cpu_s
+
+
+def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():
+    resolved = resolve_model("bigscience/bloom-560m")
+    gpu = lookup_gpu("A100-80GB")
+    speed = SpeedModel(Evaluation(resolved, seq_len=1024, optimizer="adamw", gpu=gpu), gpu, 1)
+
+    def step(**kw):
+        cfg = Config(**{"micro_batch": 4, "grad_accum": 1, "world_size": 1, "precision": "bf16-mixed",
+                        "checkpointing": "none", "zero_stage": 0, "offload": "none", **kw})
+        return speed(cfg).parts.compute
+
+    assert step(precision="fp32") > 3 * step()      # 19.5 vs 312 TFLOPS peaks on A100
+    assert step() < step(checkpointing="selective") < step(checkpointing="full") < 1.5 * step()
+    assert step(micro_batch=8) < 2 * step()          # a larger micro-batch uses the GPU better
+
+
+def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model"):
+    cfg = Config(micro_batch=micro_batch, grad_accum=grad_accum, world_size=1, precision="bf16-mixed",
+                 checkpointing="none", zero_stage=0, offload="none")
+    parts = T.StepParts(compute=compute, optimizer=optimizer)
+    tp = ThroughputInfo(tokens_per_s=1000.0 / (compute + optimizer), samples_per_s=1.0, mfu=0.3,
+                        step_time_s=compute + optimizer, source=source, parts=parts)
+    return Candidate(config=cfg, memory=None, throughput=tp, fits=True, reason="")
+
+
+def test_probes_calibrate_the_speed_of_unprobed_candidates():
+    probed = _candidate(compute=2.0, optimizer=0.5)  # modelled: 1.0 s per micro-step
+    measured = Measurement(status="ok", micro_step_s=1.5, optimizer_step_s=0.25, step_time_s=3.25)
+    calib = speed_calibration_from({probed.config: (probed, measured)})
+    assert (calib.micro_step, calib.optimizer_step, calib.probes) == (1.5, 0.5, 1)
+    other = _recalibrated(_candidate(compute=4.0, optimizer=0.5, grad_accum=4), calib)
+    assert other.throughput.source == "calibrated"
+    assert other.throughput.step_time_s == pytest.approx(4.0 * 1.5 + 0.5 * 0.5)
+    assert other.throughput.tokens_per_s == pytest.approx(1000.0 / 4.5 * 4.5 / 6.25)
+    failed = Measurement(status="error", reason="boom")
+    assert speed_calibration_from({probed.config: (probed, failed)}) is None
