@@ -51,8 +51,7 @@ def plan(
     evaluation = Evaluation(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                             gpus_per_node=hardware.gpus_per_node, gpu=gpu_entry)
     evaluator = MemoryEvaluator(evaluation, memory_method)
-    ranked = search(resolved, gpu_entry, space, evaluator, hardware.budget_bytes, attention,
-                    host_budget=hardware.host_memory_bytes)
+    ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)

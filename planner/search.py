@@ -213,8 +213,8 @@ def rank_key(c: Candidate):
     return (-bucket, c.config.complexity(), c.memory.peak if c.memory else math.inf)
 
 
-def search(resolved, gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
-           attention: str, host_budget: int | None = None) -> list[Candidate]:
+def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
+           host_budget: int | None = None) -> list[Candidate]:
     """All candidates, ranked: fitting ones by speed, then the rest; the first is the choice if it fits.
 
     Walks candidates from the fastest. Until one fits, each is rejected by model states alone (exact), screened

@@ -116,11 +116,15 @@ def bandwidth(gpu: GPU, eff: Efficiency) -> float:
     return gpu.hbm_bandwidth_GBps * 1e9 * eff.hbm
 
 
+def host_link(gpu: GPU, eff: Efficiency) -> float:
+    """Bytes/s pinned copies achieve between host and GPU."""
+    return gpu.host_bandwidth_GBps * 1e9 * eff.pcie
+
+
 @dataclass(frozen=True)
 class MicroStep:
     gpu_s: float
     cpu_s: float
-    flops: float
 
     @property
     def seconds(self) -> float:
@@ -142,21 +146,18 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
     the configuration's own program (weights' dtype, autocast), so its ops carry their real dtypes; 16-bit ops
     run at the precision's 16-bit peak."""
-    gpu_s = flops = 0.0
-    for key, count in profile.matmuls.items():
-        b, m, n, k, dtype, _phase, scaled = key.split(",")
-        dims = [float(x) * (scale if s == "1" else 1.0) for x, s in zip((b, m, n, k), scaled)]
+    gpu_s = 0.0
+    for count, dims, dtype, _phase, scaled in profile.gemms():
+        dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
         cdtype = compute_dtype(precision, dtype == HALF)
         gpu_s += count * gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
-        flops += count * 2 * math.prod(dims)
     for key, (fl, scaled, fixed, count) in profile.attention.items():
         peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
         moved = scaled * scale + fixed
         gpu_s += max(fl * scale / peak, moved / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
-        flops += fl * scale
     for scaled, fixed, count in profile.memory.values():
         gpu_s += max((scaled * scale + fixed) / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
-    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_seconds(profile, eff), flops=flops)
+    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_seconds(profile, eff))
 
 
 def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int) -> float:
@@ -166,8 +167,7 @@ def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, ef
     info = OPTIMIZER[optimizer]
     if OFFLOAD[cfg.offload].optimizer_on_cpu:
         ranks = min(cfg.world_size, per_node)
-        pcie = gpu.host_bandwidth_GBps * 1e9 * eff.pcie
-        return trainable / (CPU_ADAM_PARAMS_PER_S / ranks) + trainable * 2 * cfg.weight_bytes() / pcie
+        return trainable / (CPU_ADAM_PARAMS_PER_S / ranks) + trainable * 2 * cfg.weight_bytes() / host_link(gpu, eff)
     state = cfg.state_width() if info.follows_weights else 1
     states = info.state_bytes // 4 if info.follows_weights else info.state_bytes
     per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
@@ -217,8 +217,7 @@ def offload_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> 
     """Parameters offloaded to the host cross PCIe for the forward and the backward of every micro-step."""
     if not OFFLOAD[cfg.offload].params_on_cpu:
         return 0.0
-    pcie = gpu.host_bandwidth_GBps * 1e9 * eff.pcie
-    return cfg.grad_accum * 2 * spec.parameters / cfg.world_size * cfg.weight_bytes() / pcie
+    return cfg.grad_accum * 2 * spec.parameters / cfg.world_size * cfg.weight_bytes() / host_link(gpu, eff)
 
 
 def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
@@ -242,9 +241,8 @@ def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_
 def _backward_share(profile: Profile) -> float:
     """The backward's share of a micro-step's GEMM FLOPs (the time collectives can hide behind)."""
     total = backward = 0.0
-    for key, count in profile.matmuls.items():
-        b, m, n, k, _dtype, phase, _scaled = key.split(",")
-        work = count * float(b) * float(m) * float(n) * float(k)
+    for count, dims, _dtype, phase, _scaled in profile.gemms():
+        work = count * math.prod(dims)
         total += work
         backward += work if phase == "backward" else 0.0
     return backward / total if total else 2.0 / 3.0

@@ -87,12 +87,3 @@ def _table() -> dict[str, Efficiency]:
 def efficiency(gpu_name: str) -> Efficiency:
     """The efficiency figures of a catalog GPU (KeyError for a name efficiency.json lacks)."""
     return _table()[gpu_name]
-
-
-def cpu_efficiency(dispatch_us: float, python_op_us: float, cpp_op_us: float, module_call_us: float) -> Efficiency:
-    """Figures for this machine's CPU (measured by the CPU proxy benchmark): one 'SM', no waves; the CPU both
-    dispatches and runs the kernels, so the micro-step is their sum (throughput.micro_step, `serial`)."""
-    return Efficiency(gpu="cpu", sm_count=1, matmul=dict.fromkeys(COMPUTE_DTYPES, 1.0), hbm=1.0, launch_us=0.0,
-                      dispatch_us=dispatch_us, python_op_us=python_op_us, cpp_op_us=cpp_op_us,
-                      module_call_us=module_call_us, attention=1.0, nic_GBps=0.0, collective=1.0,
-                      inter_node_collective=1.0, pcie=1.0, tiles=((1, 1),))

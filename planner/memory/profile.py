@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from planner.vocab import FP32_COMPUTE
 
@@ -77,6 +77,12 @@ class Profile:
     def from_json(data: dict) -> "Profile":
         return Profile(dict(data["matmuls"]), {k: list(v) for k, v in data["attention"].items()},
                        {k: list(v) for k, v in data["memory"].items()}, dict(data["dispatch"]))
+
+    def gemms(self):
+        """(count, [b, m, n, k], dtype class, phase, which of b, m, n, k grow with tokens) per matmul key."""
+        for key, count in self.matmuls.items():
+            b, m, n, k, dtype, phase, scaled = key.split(",")
+            yield count, [float(b), float(m), float(n), float(k)], dtype, phase, [s == "1" for s in scaled]
 
     def count(self, kind: str, n: float = 1.0) -> None:
         self.dispatch[kind] = self.dispatch.get(kind, 0.0) + n
@@ -239,7 +245,7 @@ class OpRecorder(TorchDispatchMode):
         entry[3] += 1
 
 
-__all__ = ["OpRecorder", "Profile", "HALF", "FULL", "flop_registry"]
+__all__ = ["OpRecorder", "Profile", "HALF", "FULL"]
 
 
 #: For models that cannot be traced: per block and token, the bytes non-GEMM kernels move (in units of the hidden

@@ -1,10 +1,11 @@
 """Activations by tracing the real model's training step under FakeTensorMode on the CPU.
 
 Nothing is allocated: every tensor is fake, yet the live-storage accounting of `LiveStorageTracker`
-matches a real step. A trace runs one forward+backward, with the gradients already allocated (every micro-batch after the first
-of an accumulation cycle) or not (the first, whose backward allocates them), and measures the peak above the
-model states present: the activations, in the broad sense of everything the
-step allocates and frees (saved tensors, autocast weight copies, logits, the loss's scratch).
+matches a real step. A trace runs one forward+backward, with the gradients already allocated (every micro-batch
+after the first of an accumulation cycle) or not (the first, whose backward allocates them), and measures the
+peak above the model states present: the activations, in the broad sense of everything the step allocates and
+frees (saved tensors, autocast weight copies, logits, the loss's scratch). It also records the step's op
+profile (planner/memory/profile.py) for the speed model.
 
 Models are traced at two depths at the micro-batch asked for and extrapolated per block (`TraceFit`);
 with `batch_slope` two micro-batches more give the per-sample slope too. The model states themselves are
@@ -62,16 +63,6 @@ class TraceFit:
     layers_traced: tuple[int, ...]
     slack_fixed: float = 0.0    # the allocator's slack at the anchor micro-batch: fixed + per block
     slack_block: float = 0.0
-    profiles: tuple = ()        # the step's op profiles at the traced depths (JSON), for the speed model
-
-    def profile(self, layers: int):
-        """The op profile of a `layers`-block micro-step at the anchor micro-batch, extrapolated per block."""
-        from planner.memory.profile import Profile
-
-        first, *rest = [Profile.from_json(p) for p in self.profiles]
-        if not rest:
-            return first
-        return first.extrapolated(rest[0], self.layers_traced[0], self.layers_traced[-1], layers)
 
     def slack(self, layers: int) -> int:
         """reserved - allocated of the step's own allocations at `layers` blocks (anchor micro-batch)."""
@@ -148,8 +139,7 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
     second = first if l1 == l2 else _cached_trace(config, config_hash, l2, req, trust_remote_code)
     depth = l2 - l1 or 1
     slack_block = (second.slack - first.slack) / depth if l1 != l2 else 0.0
-    slack = {"slack_fixed": first.slack - l1 * slack_block, "slack_block": slack_block,
-             "profiles": (first.profile,) if l1 == l2 else (first.profile, second.profile)}
+    slack = {"slack_fixed": first.slack - l1 * slack_block, "slack_block": slack_block}
     if not batch_slope:
         if l1 == l2:
             return TraceFit(float(first.activations), 0.0, 0.0, 0.0, (l1,), **slack)
