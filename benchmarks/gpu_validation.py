@@ -9,9 +9,10 @@ micro-step, optimizer step and tokens/s with the measured ones. It replays bench
 workloads through the real CUDA caching allocator against planner/memory/allocator.py. Then it plans
 bloom-560m at batch 256 with probes (cold probe cache; total probe time) and sweeps every single-GPU torch
 candidate by probing, to report the chosen plan's throughput as a fraction of the best measured one.
-Results go to benchmarks/results/gpu_validation-<GPU>-<date>.json with versions.
+Results go to benchmarks/results/gpu_validation-<GPU>-<date>-<sections>.json with versions, rewritten after
+every row.
 
-Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py [--quick] [--out DIR] [--skip-choice]
+Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py [--quick] [--out DIR] [--sections matrix,allocator,choice]
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ PRECISIONS = ("bf16-mixed", "fp32")
 CHECKPOINTING = ("none", "full")
 
 
-def matrix(quick: bool):
-    for name, (seq, mbs) in MODELS.items():
-        for precision in PRECISIONS[:1] if quick else PRECISIONS:
-            for ckpt in CHECKPOINTING:
-                for mb in mbs[:1] if quick else mbs:
-                    yield name, seq, precision, ckpt, mb
+def matrix(quick: bool) -> list[tuple]:
+    """The configurations, the quick set (bf16-mixed, each model's first micro-batch) first."""
+    rows = [(name, seq, precision, ckpt, mb) for name, (seq, mbs) in MODELS.items() for precision in PRECISIONS
+            for ckpt in CHECKPOINTING for mb in mbs]
+    first = [r for r in rows if r[2] == PRECISIONS[0] and r[4] == MODELS[r[0]][1][0]]
+    return first if quick else first + [r for r in rows if r not in first]
 
 
 def measure_one(prober, gpu_name: str, name: str, seq: int, precision: str, ckpt: str, mb: int) -> dict:
@@ -64,21 +65,26 @@ def measure_one(prober, gpu_name: str, name: str, seq: int, precision: str, ckpt
                predicted_fits=cand.fits, predicted_step_s=speed.step_time_s,
                predicted_tokens_per_s=speed.tokens_per_s, predicted_parts=speed.parts.model_dump(),
                method=est.method, **got.model_dump(mode="json"))
+    row["predicted_peak_process"] = est.peak_process
     if got.status == "ok":
         row["allocated_error"] = est.peak_allocated / got.peak_allocated - 1
         row["reserved_error"] = est.peak_reserved / got.peak_reserved - 1
+        if got.process_memory:
+            row["process_error"] = est.peak_process / got.process_memory - 1
         row["step_time_error"] = speed.step_time_s / got.step_time_s - 1
     return row
 
 
-def validate_memory(prober, gpu_name: str, quick: bool) -> list[dict]:
+def validate_memory(prober, gpu_name: str, configs: list[tuple], save) -> list[dict]:
     rows = []
-    for name, seq, precision, ckpt, mb in matrix(quick):
+    for name, seq, precision, ckpt, mb in configs:
         row = measure_one(prober, gpu_name, name, seq, precision, ckpt, mb)
         rows.append(row)
+        save(rows)
         print(f"{name:32s} {precision:10s} {ckpt:5s} mb={mb:<3d} {row.get('status'):7s} "
               f"alloc err {row.get('allocated_error', float('nan')):+.1%}  "
               f"reserved err {row.get('reserved_error', float('nan')):+.1%}  "
+              f"process err {row.get('process_error', float('nan')):+.1%}  "
               f"step err {row.get('step_time_error', float('nan')):+.1%}", flush=True)
     return rows
 
@@ -98,43 +104,71 @@ def validate_allocator() -> dict:
     return out
 
 
-def validate_choice(gpu_name: str) -> dict:
+def sweep_order(candidates) -> list:
+    """Single-GPU torch candidates that fit, round-robin over (precision, checkpointing) families, each family's
+    predicted-fastest first: a time-limited sweep still covers every family."""
+    families: dict[tuple, list] = {}
+    for cand in sorted(candidates, key=lambda c: -(c.throughput.tokens_per_s if c.throughput else 0)):
+        cfg = cand.config
+        if not (cfg.zero_stage or cfg.world_size > 1 or not cand.fits):
+            families.setdefault((cfg.precision, cfg.checkpointing), []).append(cand)
+    order = []
+    while any(families.values()):
+        order += [family.pop(0) for family in families.values() if family]
+    return order
+
+
+def validate_choice(gpu_name: str, sweep_budget_s: float, probe_budget_s: float, save) -> dict:
+    """Sweep candidates by probing (saved after each), then plan with probes from a cold cache; the chosen
+    configuration's measured tokens/s as a fraction of the best swept."""
     from planner import plan
     from planner.models import resolve_model
     from planner.refine import ProbeContext
     from probes import Prober
 
     os.environ["TRAINPLAN_CACHE"] = tempfile.mkdtemp(prefix="trainplan-validation-")  # cold probe cache
+    unprobed = plan("bigscience/bloom-560m", 256)
+    context = ProbeContext(resolve_model("bigscience/bloom-560m"), unprobed.seq_len, unprobed.optimizer,
+                           unprobed.attention, gpu_name, unprobed)
+    prober, swept, out = Prober(device="cuda", use_cache=False), [], {"unprobed_choice": unprobed.choice.config.label()}
+    sweep_start = time.monotonic()
+    for cand in sweep_order(unprobed.candidates):
+        if time.monotonic() - sweep_start > sweep_budget_s:
+            break
+        got = prober(context, cand.config)
+        swept.append({"config": cand.config.label(), "predicted_tokens_per_s": cand.throughput.tokens_per_s,
+                      "predicted_peak_allocated": cand.memory.peak_allocated, **got.model_dump(mode="json")})
+        out["sweep"] = swept
+        save(out)
+        print(f"sweep {cand.config.label()}: {got.status} {got.tokens_per_s:.0f} tokens/s "
+              f"(predicted {cand.throughput.tokens_per_s:.0f})", flush=True)
+    measured = {row["config"]: row["tokens_per_s"] for row in swept if row["status"] == "ok"}
+    best = max(measured.items(), key=lambda kv: kv[1]) if measured else (None, None)
+    out.update(best=best[0], best_tokens_per_s=best[1],
+               unprobed_fraction_of_best=measured.get(out["unprobed_choice"], 0) / best[1] if best[1] else None)
+    save(out)
     start = time.monotonic()
-    chosen = plan("bigscience/bloom-560m", 256, measure=Prober(device="cuda"), probe_budget_s=600)
-    probe_time = time.monotonic() - start
-    prober = Prober(device="cuda")
-    best, swept = None, []
-    context = ProbeContext(resolve_model("bigscience/bloom-560m"), chosen.seq_len, chosen.optimizer,
-                           chosen.attention, gpu_name, chosen)
-    for cand in chosen.candidates:
-        cfg = cand.config
-        if cfg.zero_stage or cfg.world_size > 1:
-            continue
-        got = prober(context, cfg)
-        swept.append({"config": cfg.label(), "predicted_tokens_per_s": cand.throughput.tokens_per_s
-                      if cand.throughput else None, **got.model_dump(mode="json")})
-        if got.status == "ok" and (best is None or got.tokens_per_s > best[1]):
-            best = (cfg.label(), got.tokens_per_s)
-    chosen_tps = chosen.choice.throughput.tokens_per_s
-    return {"chosen": chosen.choice.config.label(), "chosen_tokens_per_s": chosen_tps,
-            "chosen_source": chosen.choice.throughput.source, "plan_with_probes_s": probe_time,
-            "probes": [p.model_dump(mode="json") for p in chosen.probes], "best": best[0] if best else None,
-            "best_tokens_per_s": best[1] if best else None,
-            "fraction_of_best": chosen_tps / best[1] if best else None, "sweep": swept}
+    chosen = plan("bigscience/bloom-560m", 256, measure=Prober(device="cuda"), probe_budget_s=probe_budget_s)
+    label = chosen.choice.config.label()
+    out.update(chosen=label, chosen_predicted_tokens_per_s=chosen.choice.throughput.tokens_per_s,
+               chosen_measured_tokens_per_s=measured.get(label), chosen_source=chosen.choice.throughput.source,
+               plan_with_probes_s=time.monotonic() - start, probes=[p.model_dump(mode="json") for p in chosen.probes],
+               fraction_of_best=measured.get(label, 0) / best[1] if best[1] and label in measured else None)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one precision and micro-batch per model")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results")))
-    parser.add_argument("--skip-choice", action="store_true", help="only the memory/speed matrix")
+    parser.add_argument("--sections", default="matrix,allocator,choice",
+                        help="comma-separated: matrix, allocator, choice")
+    parser.add_argument("--probe-budget", type=float, default=600.0, help="seconds of probes for the planned choice")
+    parser.add_argument("--configs", default=":", help="a slice I:J of the matrix (quick set first)")
+    parser.add_argument("--sweep-budget", type=float, default=240.0,
+                        help="seconds for the exhaustive sweep (fastest-predicted candidates first)")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     import torch
     import transformers
 
@@ -148,22 +182,39 @@ def main() -> int:
     gpu_name = local.gpu.name
     result = {"gpu": gpu_name, "nvml_name": local.nvml_name, "date": dt.date.today().isoformat(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__}
-    rows = validate_memory(Prober(device="cuda", use_cache=False), gpu_name, args.quick)
-    ok = [r for r in rows if r.get("status") == "ok"]
-    for key in ("allocated_error", "reserved_error", "step_time_error"):
-        if ok:
-            result[f"{key}_median_abs"] = statistics.median(abs(r[key]) for r in ok)
-            result[f"{key}_worst"] = max((r[key] for r in ok), key=abs)
-    result["matrix"] = rows
-    result["allocator"] = validate_allocator()
-    if not args.skip_choice:
-        result["choice"] = validate_choice(gpu_name)
-        c = result["choice"]
-        print(f"plan chose {c['chosen']} ({c['chosen_source']}), {c['fraction_of_best']:.0%} of the best swept "
-              f"({c['best']}); plan with probes took {c['plan_with_probes_s']:.0f} s")
-    out = Path(args.out) / f"gpu_validation-{gpu_name}-{result['date']}.json"
+    tag = "-".join(sorted(sections)) + ("" if args.configs == ":" else "-" + args.configs.replace(":", "_"))
+    out = Path(args.out) / f"gpu_validation-{gpu_name}-{result['date']}-{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+
+    def save(rows=None) -> None:  # after every row: a run cut short still leaves what it measured
+        if rows is not None:
+            result["matrix"] = rows
+            ok = [r for r in rows if r.get("status") == "ok"]
+            for key in ("allocated_error", "reserved_error", "process_error", "step_time_error"):
+                errors = [r[key] for r in ok if key in r]
+                if errors:
+                    result[f"{key}_median_abs"] = statistics.median(abs(e) for e in errors)
+                    result[f"{key}_worst"] = max(errors, key=abs)
+        out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+
+    if "matrix" in sections:
+        start, _, stop = args.configs.partition(":")
+        configs = matrix(args.quick)[int(start or 0):int(stop) if stop else None]
+        validate_memory(Prober(device="cuda", use_cache=False), gpu_name, configs, save)
+    if "allocator" in sections:
+        result["allocator"] = validate_allocator()
+        save()
+    if "choice" in sections:
+        def save_choice(part: dict) -> None:
+            result["choice"] = part
+            save()
+
+        save_choice(validate_choice(gpu_name, args.sweep_budget, args.probe_budget, save_choice))
+        c = result["choice"]
+        print(f"plan chose {c['chosen']} ({c['chosen_source']}; unprobed: {c['unprobed_choice']}), measured "
+              f"{c['chosen_measured_tokens_per_s']} tokens/s vs best swept {c['best']} {c['best_tokens_per_s']}; "
+              f"plan with probes took {c['plan_with_probes_s']:.0f} s")
+    save()
     print(f"wrote {out}")
     return 0
 

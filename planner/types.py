@@ -106,6 +106,7 @@ class Measurement(BaseModel):
     status: MeasurementStatus
     peak_allocated: int = 0          # bytes, torch.cuda.max_memory_allocated (the live-tensor peak on CPU)
     peak_reserved: int = 0           # bytes, torch.cuda.max_memory_reserved
+    process_memory: int = 0          # bytes the driver counts for the process at the end (nvidia-smi; 0: unknown)
     micro_step_s: float = 0.0        # one forward + backward
     optimizer_step_s: float = 0.0    # the optimizer step
     step_time_s: float = 0.0         # grad_accum micro-steps + one optimizer step

@@ -102,9 +102,49 @@ class StepMeter(TrainerCallback):
             raise FloatingPointError(f"the loss is not finite: {self.losses}")
         allocated, reserved = self.peaks()
         return Measurement(status=OK, peak_allocated=int(allocated), peak_reserved=int(reserved),
+                           process_memory=process_memory() if self.cuda else 0,
                            micro_step_s=micro, optimizer_step_s=optim, step_time_s=step,
                            tokens_per_s=tokens_per_step / step, processes=processes, engine=engine,
                            micro_batch=micro_batch, grad_accum=grad_accum, losses=tuple(self.losses), seconds=wall_s)
+
+
+def process_memory() -> int:
+    """Device memory the driver counts for this process (what nvidia-smi lists: the CUDA context plus every
+    segment the caching allocator holds, which it keeps after the peak), or 0 where NVML cannot say."""
+    import os
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        for index in range(pynvml.nvmlDeviceGetCount()):  # NVML numbers devices regardless of CUDA_VISIBLE_DEVICES
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory:
+                    return int(proc.usedGpuMemory)
+    except Exception:  # noqa: BLE001 - NVML missing or refusing (containers): the figure is unknown
+        return 0
+    return 0
+
+
+def profile_summary(prof, steps: int, top: int = 60) -> dict:
+    """A torch.profiler run as data: per op (by name), calls and the host and device time they took, per
+    optimizer step over `steps` steps; device kernels counted and timed in total (from the device-side records
+    alone: a host op's own device time repeats its kernels')."""
+    ops = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(event, "self_cuda_time_total", 0)
+        ops.append({"name": event.key, "calls": event.count / steps, "self_cpu_us": event.self_cpu_time_total / steps,
+                    "self_device_us": device_us / steps})
+    # device-side records (kernels, memcpy/memset) have device time and no host time of their own
+    kernels = [(o["calls"], o["self_device_us"]) for o in ops if o["self_device_us"] > 0 and o["self_cpu_us"] == 0]
+    ops.sort(key=lambda o: -(o["self_device_us"] + o["self_cpu_us"] * 1e-3))
+    return {"steps": steps, "device_kernels_per_step": sum(c for c, _ in kernels),
+            "device_us_per_step": sum(t for _, t in kernels),
+            "host_op_us_per_step": sum(o["self_cpu_us"] for o in ops),
+            "ops": ops[:top]}
 
 
 def failure(err: BaseException) -> Measurement:

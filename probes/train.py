@@ -15,6 +15,8 @@ Probes run this very script under each candidate's emitted files.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -32,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="optimizer steps before measuring")
     parser.add_argument("--out", default=None, help="write each rank's result to OUT/rank-<r>.json")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code to run")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="also write FILE: device and host time per op over the run (torch.profiler)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -132,6 +136,22 @@ def _fsdp_on_cpu(trainer, cfg) -> None:
     trainer.is_fsdp_enabled = True
 
 
+@contextlib.contextmanager
+def profiled(path: str | None, steps: int, cuda: bool):
+    """Run the block under torch.profiler when `path` is given and write its per-op summary there."""
+    if not path:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    from probes.measure import profile_summary
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+    Path(path).write_text(json.dumps(profile_summary(prof, steps), indent=1) + "\n")
+
+
 def train(plan, args) -> Measurement:
     import torch
     from transformers import Trainer
@@ -152,7 +172,7 @@ def train(plan, args) -> Measurement:
     if not cuda:
         _fsdp_on_cpu(trainer, cfg)
     start = time.perf_counter()
-    with meter.tracking():
+    with meter.tracking(), profiled(args.profile, total, cuda):
         trainer.train()
     wall = time.perf_counter() - start
     return meter.measurement(micro_batch=targs.per_device_train_batch_size, seq_len=plan.seq_len,

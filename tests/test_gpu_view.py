@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
 
 from planner import estimate_memory
