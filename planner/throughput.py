@@ -106,8 +106,18 @@ def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> 
     return best * k / (k + K_HALF)
 
 
+def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> float:
+    """A large GEMM's fraction of peak. A 16-bit GEMM with a dimension that is not a multiple of 8 elements (16
+    bytes: NVIDIA's Matrix Multiplication Background guide, 'Tensor Core Requirements') runs cuBLAS's align1/align2
+    kernels at the measured `misaligned` rate (GPT-2's 50257-token LM head on H100: efficiency.json)."""
+    if elem_bytes == 2 and any(int(round(d)) % 8 for d in (m, n, k)):
+        return eff.misaligned
+    return eff.matmul[dtype]
+
+
 def gemm_seconds(b, m, n, k, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: int) -> float:
-    peak = gpu.peak_tflops_for(dtype) * 1e12 * eff.matmul[dtype] * gemm_efficiency(b, m, n, k, eff)
+    fraction = gemm_fraction(m, n, k, dtype, eff, elem_bytes)
+    peak = gpu.peak_tflops_for(dtype) * 1e12 * fraction * gemm_efficiency(b, m, n, k, eff)
     moved = (b * (m * k + k * n + m * n)) * elem_bytes
     return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + GEMM_LATENCY_S
 
@@ -136,7 +146,7 @@ def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
     """The CPU's side of a micro-step: every kernel launched (from Python or the autograd engine), every view op
     (Python's cost more: argument parsing), every nn.Module call."""
     d = profile.dispatch
-    us = ((d.get(PY_KERNELS, 0.0) + d.get(ENGINE_KERNELS, 0.0)) * eff.dispatch_us
+    us = (d.get(PY_KERNELS, 0.0) * eff.dispatch_us + d.get(ENGINE_KERNELS, 0.0) * eff.engine_dispatch_us
           + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
           + d.get(MODULE_CALLS, 0.0) * eff.module_call_us)
     return us * 1e-6

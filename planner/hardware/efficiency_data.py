@@ -25,9 +25,11 @@ class Efficiency(BaseModel):
     gpu: str
     sm_count: int
     matmul: dict[str, float]          # compute dtype (bf16 | fp16 | tf32 | fp32) -> achievable fraction of peak
+    misaligned: float                 # a 16-bit GEMM's fraction of peak with a dimension not a multiple of 8
     hbm: float                        # achievable fraction of HBM bandwidth
     launch_us: float                  # GPU-side cost of one back-to-back kernel
-    dispatch_us: float                # CPU-side cost of one eager op that launches a kernel
+    dispatch_us: float                # CPU-side cost of one eager op that launches a kernel, issued from Python
+    engine_dispatch_us: float         # the same issued by the autograd engine (a backward node's kernel)
     python_op_us: float               # CPU-side cost of a view/metadata op issued from Python
     cpp_op_us: float                  # CPU-side cost of a view op issued by the autograd engine
     module_call_us: float             # CPU-side cost of one nn.Module call
@@ -66,9 +68,11 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
     tiles = tuple(tuple(int(x) for x in t.split("x")) for t in defaults["gemm_tiles"]["value"])
     return Efficiency(
         gpu=name, sm_count=int(_value(data, "sm_count")), matmul=matmul,
+        misaligned=_value(data, "matmul_misaligned") or _value(defaults, "matmul_misaligned"),
         hbm=_value(data, "hbm") or _value(defaults, "hbm"),
         launch_us=overhead("gpu_side_us"),
-        dispatch_us=overhead("eager_dispatch_us"), python_op_us=overhead("python_op_us"),
+        dispatch_us=overhead("eager_dispatch_us"), engine_dispatch_us=overhead("engine_dispatch_us"),
+        python_op_us=overhead("python_op_us"),
         cpp_op_us=overhead("cpp_op_us"), module_call_us=overhead("module_call_us"),
         attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
                          "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
