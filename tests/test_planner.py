@@ -177,11 +177,20 @@ def test_lr_in_plan_scales_by_n_by_default():
 
 def test_nothing_fits_says_what_would():
     with pytest.raises(NoFitError) as info:
-        plan("meta-llama/Llama-3.1-70B", 8, gpu="T4-16GB", seq_len=2048, offload=False)
+        plan("meta-llama/Llama-3.1-70B", 8, gpu="T4-16GB", seq_len=1024, offload=False)
     text = "\n".join(info.value.suggestions)
     assert "Offload" in text and "GiB" in text  # more T4s do not help: the gathered embedding and logits stay
     assert info.value.exit_code == 1
     assert not info.value.plan.choice.fits
+
+
+def test_pins_that_exclude_every_fit_are_named_not_blamed_on_the_gpu():
+    """A pinned configuration that does not fit while an unpinned one would: the answer says the pins rule it out
+    (not 'a larger GPU', which would not help the pinned one)."""
+    with pytest.raises(NoFitError) as info:
+        plan("gpt2", 64, gpu="T4-16GB", gpus_per_node=1, seq_len=1024, micro_batch=64, precision="fp32",
+             checkpointing="none")
+    assert len(info.value.suggestions) == 1 and "rule it out" in info.value.suggestions[0]
 
 
 def test_offload_respects_host_memory():
