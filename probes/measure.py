@@ -130,16 +130,20 @@ def process_memory() -> int:
 def profile_summary(prof, steps: int, top: int = 60) -> dict:
     """A torch.profiler run as data: per op (by name), calls and the host and device time they took, per
     optimizer step over `steps` steps; device kernels counted and timed in total (from the device-side records
-    alone: a host op's own device time repeats its kernels')."""
-    ops = []
+    alone: a host op's own device time repeats its kernels', and a user annotation's device-side range, e.g.
+    "Optimizer.step#AdamW.step", spans kernels counted already: torch's own table leaves those out the same way,
+    torch/autograd/profiler_util.py `_build_table`, `not evt.is_user_annotation`)."""
+    ops, kernels = [], []
     for event in prof.key_averages():
         device_us = getattr(event, "self_device_time_total", None)
         if device_us is None:
             device_us = getattr(event, "self_cuda_time_total", 0)
-        ops.append({"name": event.key, "calls": event.count / steps, "self_cpu_us": event.self_cpu_time_total / steps,
-                    "self_device_us": device_us / steps})
-    # device-side records (kernels, memcpy/memset) have device time and no host time of their own
-    kernels = [(o["calls"], o["self_device_us"]) for o in ops if o["self_device_us"] > 0 and o["self_cpu_us"] == 0]
+        op = {"name": event.key, "calls": event.count / steps, "self_cpu_us": event.self_cpu_time_total / steps,
+              "self_device_us": device_us / steps}
+        ops.append(op)
+        # device-side records (kernels, memcpy/memset) have device time and no host time of their own
+        if op["self_device_us"] > 0 and op["self_cpu_us"] == 0 and not getattr(event, "is_user_annotation", False):
+            kernels.append((op["calls"], op["self_device_us"]))
     ops.sort(key=lambda o: -(o["self_device_us"] + o["self_cpu_us"] * 1e-3))
     return {"steps": steps, "device_kernels_per_step": sum(c for c, _ in kernels),
             "device_us_per_step": sum(t for _, t in kernels),
