@@ -31,11 +31,10 @@ def measured_tokens_per_s(row: dict) -> float:
 
 
 def predict(row: dict, gpu: str) -> dict:
-    from planner import plan
+    from gpu_validation import pinned_plan
 
-    draft = plan(row["model"], row["batch"], gpu=gpu, gpus_per_node=1, seq_len=row["seq_len"],
-                 micro_batch=row["micro_batch"], precision=row["precision"], checkpointing=row["checkpointing"],
-                 zero_stage=0, offload=False, detect=False)
+    draft = pinned_plan(row["model"], row["seq_len"], row["precision"], row["checkpointing"], row["micro_batch"],
+                        gpu, batch=row["batch"])
     est, speed = draft.choice.memory, draft.choice.throughput
     out = {"method": est.method, "tokens_per_s": speed.tokens_per_s}
     for ours, _ in MEMORY:
@@ -58,12 +57,12 @@ def main() -> int:
     rows, errors = [], {name: [] for name in [m for m, _ in MEMORY] + ["tokens_per_s"]}
     for row in data["rows"]:
         result = {k: row[k] for k in ("model", "seq_len", "precision", "checkpointing", "micro_batch", "batch")}
+        label = f"{row['model']:<32} {row['precision']:<10} {row['checkpointing']:<9} mb {row['micro_batch']:>2}"
         try:
             got = predict(row, data["gpu"])
         except NoFitError as err:  # predicted not to fit although it ran: the worst kind of over-prediction
             rows.append({**result, "predicted": "no fit", "reason": str(err).splitlines()[0]})
-            print(f"{row['model']:<32} {row['precision']:<10} {row['checkpointing']:<9} mb {row['micro_batch']:>2}  "
-                  f"predicted not to fit", flush=True)
+            print(f"{label}  predicted not to fit", flush=True)
             continue
         result["method"] = got["method"]
         for ours, theirs in MEMORY:
@@ -75,8 +74,7 @@ def main() -> int:
                       tokens_per_s_error=got["tokens_per_s"] / measured - 1)
         errors["tokens_per_s"].append(result["tokens_per_s_error"])
         rows.append(result)
-        print(f"{row['model']:<32} {row['precision']:<10} {row['checkpointing']:<9} mb {row['micro_batch']:>2}  "
-              f"alloc {result['peak_allocated_error']:+7.1%}  reserved {result['peak_reserved_error']:+7.1%}  "
+        print(f"{label}  alloc {result['peak_allocated_error']:+7.1%}  reserved {result['peak_reserved_error']:+7.1%}  "
               f"process {result['peak_process_error']:+7.1%}  tok/s {result['tokens_per_s_error']:+7.1%}",
               flush=True)
     report = {"gpu": data["gpu"], "summary": {k: summary(v) for k, v in errors.items()}, "rows": rows}

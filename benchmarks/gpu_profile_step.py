@@ -32,12 +32,11 @@ CONFIGS = (  # model, seq_len, precision, checkpointing, micro-batch
 
 
 def profile_one(name: str, seq: int, precision: str, ckpt: str, mb: int, gpu_name: str, folder: Path) -> dict:
-    from planner import plan
+    from gpu_validation import pinned_plan
     from planner.types import Measurement
     from probes.runner import accelerate_command, probe_files, run_group, write_files
 
-    draft = plan(name, mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb, precision=precision,
-                 checkpointing=ckpt, zero_stage=0, offload=False, detect=False)
+    draft = pinned_plan(name, seq, precision, ckpt, mb, gpu_name)
     write_files(probe_files(draft, draft.choice.config), folder)
     summary = folder / "profile.json"
     cmd = accelerate_command(folder / "accelerate_config.yaml",

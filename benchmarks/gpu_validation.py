@@ -45,16 +45,23 @@ def matrix(quick: bool) -> list[tuple]:
     return first if quick else first + [r for r in rows if r not in first]
 
 
+def pinned_plan(name: str, seq: int, precision: str, ckpt: str, mb: int, gpu_name: str, batch: int | None = None):
+    """The plan of one pinned single-GPU configuration (global batch `batch`, by default two micro-batches): what
+    this benchmark runs, and what gpu_profile_step.py and gpu_measured.py re-plan."""
+    from planner import plan
+
+    return plan(name, batch or mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb,
+                precision=precision, checkpointing=ckpt, zero_stage=0, offload=False, detect=False)
+
+
 def measure_one(prober, gpu_name: str, name: str, seq: int, precision: str, ckpt: str, mb: int) -> dict:
     """Plan one pinned single-GPU configuration, run it, and compare."""
-    from planner import plan
     from planner.models import resolve_model
     from planner.refine import ProbeContext
 
     row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb}
     try:
-        draft = plan(name, mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb, precision=precision,
-                     checkpointing=ckpt, zero_stage=0, offload=False, detect=False)
+        draft = pinned_plan(name, seq, precision, ckpt, mb, gpu_name)
     except Exception as err:  # noqa: BLE001 - a configuration the planner refuses is a row, not a crash
         return {**row, "status": "not planned", "reason": str(err)[:300]}
     cand = draft.choice
