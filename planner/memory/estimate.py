@@ -298,7 +298,7 @@ class Evaluation:
         """What the caching allocator reserves beyond the step's own live bytes: replayed from the trace, or for a
         formula estimate a share of its activations (`gpu.ANALYTIC_SLACK_FRACTION`)."""
         if method == TRACE:
-            return self._fit(cfg).slack(self.resolved.spec.layers)
+            return self._fit(cfg).slack
         return int(ANALYTIC_SLACK_FRACTION * act)
 
     def estimate(self, cfg: Config, method: str = AUTO_METHOD) -> MemoryEstimate:

@@ -61,15 +61,12 @@ class TraceFit:
     block_fixed: float
     block_per_sample: float
     layers_traced: tuple[int, ...]
-    #: the allocator's slack at the anchor micro-batch: the larger of the traced depths'. It does not grow with
-    #: depth: the gaps are left by the step's largest transients (logits, the loss, a block's scratch), which later
-    #: blocks reuse; traced bloom-560m at seq 2048 (mb 4, selective) gives 7.1, 6.9, 7.8, 7.4 and 7.5 GB at 2, 3,
-    #: 4, 6 and all 24 blocks, so a per-block slope would extrapolate noise (+17 GB at 24 blocks).
-    slack_max: float = 0.0
-
-    def slack(self, layers: int) -> int:
-        """reserved - allocated of the step's own allocations (anchor micro-batch), at any depth."""
-        return max(0, int(round(self.slack_max)))
+    #: reserved - allocated of the step's own allocations at the anchor micro-batch, at any depth: the larger of the
+    #: traced depths'. It does not grow with depth: the gaps are left by the step's largest transients (logits, the
+    #: loss, a block's scratch), which later blocks reuse; traced bloom-560m at seq 2048 (mb 4, selective) gives
+    #: 7.1, 6.9, 7.8, 7.4 and 7.5 GB at 2, 3, 4, 6 and all 24 blocks, so a per-block slope would extrapolate noise
+    #: (+17 GB at 24 blocks).
+    slack: int = 0
 
     def activations(self, layers: int, micro_batch: int) -> int:
         value = self.fixed + self.per_sample * micro_batch + layers * (self.block_fixed + self.block_per_sample * micro_batch)
@@ -144,7 +141,7 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
     first = _cached_trace(config, config_hash, l1, req, trust_remote_code)
     second = first if l1 == l2 else _cached_trace(config, config_hash, l2, req, trust_remote_code)
     depth = l2 - l1 or 1
-    slack = {"slack_max": float(max(first.slack, second.slack))}
+    slack = {"slack": max(first.slack, second.slack)}
     if not batch_slope:
         if l1 == l2:
             return TraceFit(float(first.activations), 0.0, 0.0, 0.0, (l1,), **slack)
