@@ -34,14 +34,12 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
     world = hwinfo.gpus_per_node * hwinfo.nodes
     out: list[str] = []
     best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))
+    smallest = (f"The smallest configuration (micro-batch 1, full checkpointing, {precision}"
+                f"{', ZeRO-3' if world > 1 else ''}) needs {best.peak / _GIB:.1f} GiB per GPU")
     if best.peak <= budget:  # the search ruled it out: the user's pinned choices exclude every fitting one
-        return [f"The smallest configuration (micro-batch 1, full checkpointing, {precision}"
-                f"{', ZeRO-3' if world > 1 else ''}) needs {best.peak / _GIB:.1f} GiB per GPU and fits the "
-                f"{budget / _GIB:.1f} GiB budget: the choices you pinned (micro-batch, precision, checkpointing, "
-                f"ZeRO stage, offload, engine) rule it out. Pin fewer of them."]
-    out.append(f"The smallest configuration (micro-batch 1, full checkpointing, {precision}"
-               f"{', ZeRO-3' if world > 1 else ''}) needs {best.peak / _GIB:.1f} GiB per GPU; "
-               f"the budget is {budget / _GIB:.1f} GiB.")
+        return [f"{smallest} and fits the {budget / _GIB:.1f} GiB budget: the choices you pinned (micro-batch, "
+                f"precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin fewer of them."]
+    out.append(f"{smallest}; the budget is {budget / _GIB:.1f} GiB.")
     for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
         total = world * n
         if total > 4096:
