@@ -158,3 +158,82 @@ def failure(err: BaseException) -> Measurement:
 
     oom = isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
     return Measurement(status=OOM if oom else ERROR, reason=f"{type(err).__name__}: {str(err)[:500]}")
+
+
+#: Memory-history entries kept while recording (torch's ring buffer; each holds the Python stack of one event).
+HISTORY_ENTRIES = 4_000_000
+
+
+@contextlib.contextmanager
+def memory_history(path: str | None):
+    """Record the CUDA caching allocator's history for the block (torch.cuda.memory._record_memory_history, Python
+    stacks only) and write `peak_anatomy` of its snapshot to `path` as JSON. The snapshot is read in this process
+    (torch.cuda.memory._snapshot returns a dict), never dumped to a pickle."""
+    if not path:
+        yield
+        return
+    import json
+    from pathlib import Path
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("--memory-peak records the CUDA caching allocator's history: it needs a CUDA GPU")
+    torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
+    try:
+        yield
+    finally:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        anatomy = peak_anatomy(snapshot, HISTORY_ENTRIES)
+        anatomy["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        Path(path).write_text(json.dumps(anatomy, indent=1) + "\n")
+
+
+def _site(frames: list[dict]) -> str:
+    """Where an allocation was asked for: the innermost Python frame outside torch itself (a model's, the
+    Trainer's, accelerate's line), with the torch function under it; "(no Python frame)" for allocations made by
+    C++ alone, such as autograd's backward thread."""
+    def short(frame: dict) -> str:
+        name = frame["filename"].replace("\\", "/")
+        for anchor in ("site-packages/", "dist-packages/", "/work/"):
+            name = name.split(anchor)[-1]
+        return f"{name}:{frame['line']} {frame['name']}"
+
+    if not frames:
+        return "(no Python frame)"
+    outside = next((f for f in frames if "/torch/" not in f["filename"].replace("\\", "/")), None)
+    return short(outside) + ("" if outside is frames[0] else f" <- {short(frames[0])}") if outside else short(frames[0])
+
+
+def peak_anatomy(snapshot: dict, max_entries: int, top: int = 40) -> dict:
+    """What was live at the peak of a recorded allocator history: replays the trace (allocated bytes rise at
+    "alloc" and fall at "free_completed", as torch's allocated-bytes statistic does; an entry carries the requested
+    size, so the replayed peak lacks the blocks' rounding that max_memory_allocated counts), finds the event that set
+    the peak and groups the blocks live then by allocation site. Blocks allocated before recording began appear
+    in no event, so recording starts before the model is built (`probes.train --memory-peak`)."""
+    trace = max(snapshot.get("device_traces") or [[]], key=len)
+    live, level, peak, peak_at = {}, 0, 0, -1
+    for index, event in enumerate(trace):
+        if event["action"] == "alloc":
+            level += event["size"]
+            if level > peak:
+                peak, peak_at = level, index
+        elif event["action"] == "free_completed":
+            level -= event["size"]
+    for event in trace[:peak_at + 1]:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+        elif event["action"] == "free_completed":
+            live.pop(event["addr"], None)
+    sites: dict[str, list[int]] = {}
+    for event in live.values():
+        entry = sites.setdefault(_site(event.get("frames") or []), [0, 0])
+        entry[0] += event["size"]
+        entry[1] += 1
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])
+    return {"events": len(trace), "truncated": len(trace) >= max_entries, "peak_event": peak_at,
+            "peak_replayed": peak,
+            "peak_site": _site(trace[peak_at].get("frames") or []) if peak_at >= 0 else None,
+            "sites": [{"site": s, "bytes": b, "blocks": n} for s, (b, n) in ranked[:top]],
+            "other_sites_bytes": sum(b for _, (b, _) in ranked[top:])}

@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code to run")
     parser.add_argument("--profile", default=None, metavar="FILE",
                         help="also write FILE: device and host time per op over the run (torch.profiler)")
+    parser.add_argument("--memory-peak", default=None, metavar="FILE",
+                        help="also write FILE: what was live at the run's peak of allocated memory, by the line "
+                             "that allocated it (CUDA only; records the allocator's history, which slows the run)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -153,6 +156,13 @@ def profiled(path: str | None, steps: int, cuda: bool):
 
 
 def train(plan, args) -> Measurement:
+    from probes.measure import memory_history
+
+    with memory_history(args.memory_peak):  # from before the model exists: every block of the run is in the trace
+        return _train(plan, args)
+
+
+def _train(plan, args) -> Measurement:
     import torch
     from transformers import Trainer
 
