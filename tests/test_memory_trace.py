@@ -12,7 +12,7 @@ import transformers
 import planner.memory.trace as trace_mod
 from planner.memory.estimate import estimate_memory
 from planner.memory.step import make_batch, micro_step
-from planner.memory.trace import TraceRequest, run_trace, trace_activations
+from planner.memory.trace import TraceFit, TraceRequest, run_trace, trace_activations
 from planner.memory.tracker import LiveStorageTracker
 
 
@@ -67,6 +67,24 @@ def test_extrapolation_from_3_and_4_blocks_matches_direct_trace(checkpointing):
     fit = trace_activations(config, f"tiny-{checkpointing}", 9, r, batch_slope=False)
     assert fit.layers_traced == (3, 4)
     assert fit.activations(9, 3) == pytest.approx(run_trace(config, 9, r).activations, rel=0.002)
+
+
+def test_the_peak_may_change_phase_with_depth():
+    """Under full checkpointing with CUDA's autocast, the forward keeps every block's cached 16-bit weights while
+    the backward's peak (the logits' and embeddings' gradients) barely grows with depth: at 3 and 4 blocks the
+    backward holds the peak, at 24 the forward. Each phase is fitted apart, so the extrapolation still lands."""
+    config = transformers.LlamaConfig(num_hidden_layers=24, hidden_size=128, intermediate_size=1024,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=32000,
+                                      tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    r = req(micro_batch=1, seq_len=16, activations="mixed", checkpointing="full", attention_dropout=False,
+            autocast_device="cuda", grads_allocated=True)
+    small, whole = run_trace(config, 4, r), run_trace(config, 24, r)
+    assert small.backward > small.forward and whole.forward > whole.backward
+    fit = trace_activations(config, "tiny-phases", 24, r, batch_slope=False)
+    assert fit.activations(24, 1) == pytest.approx(whole.activations, rel=0.002)
+    single = TraceFit.from_points(3, 4, 1, 2, *(run_trace(config, layers, replace(r, micro_batch=b)).activations
+                                                for layers in (3, 4) for b in (1, 2)))
+    assert single.activations(24, 1) < 0.8 * whole.activations  # one fit of the peak extrapolates the backward
 
 
 def test_fit_is_exact_at_its_anchor_micro_batch():

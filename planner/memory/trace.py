@@ -31,7 +31,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 16
+CACHE_VERSION = 18
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class TracePoint:
     activations: int
     slack: int
     profile: dict           # planner.memory.profile.Profile as JSON: the step's ops, for the speed model
+    forward: int = 0        # the peak while the forward and the loss run (`activations` is the larger of the two)
+    backward: int = 0       # the peak while the backward runs
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,20 @@ class TraceFit:
     #: 7.1, 6.9, 7.8, 7.4 and 7.5 GB at 2, 3, 4, 6 and all 24 blocks, so a per-block slope would extrapolate noise
     #: (+17 GB at 24 blocks).
     slack: int = 0
+    #: The forward phase's own fit, where the phases were fitted apart (this one's coefficients are then the
+    #: backward's). The step's peak is the larger of the two phases' peaks, and which phase holds it can change with
+    #: depth: under full checkpointing autocast's 16-bit weight copies stay cached for the whole forward (the
+    #: outermost autocast clears them on exit, torch/amp/autocast_mode.py `__exit__`), so the forward peak grows by
+    #: a block's weights per block while the backward's grows by a checkpoint input. Llama-3.2-1B at seq 2048
+    #: peaks in the backward at 2 and 4 blocks and in the forward's loss at 16 (measured on an H100,
+    #: benchmarks/results/gpu_memory_peak-H100-80GB-2026-11-23.json): a single fit of the peak extrapolated the
+    #: backward's slope and missed 1.4 GiB.
+    forward: "TraceFit | None" = None
 
     def activations(self, layers: int, micro_batch: int) -> int:
         value = self.fixed + self.per_sample * micro_batch + layers * (self.block_fixed + self.block_per_sample * micro_batch)
-        return max(0, int(round(value)))
+        own = max(0, int(round(value)))
+        return max(own, self.forward.activations(layers, micro_batch)) if self.forward else own
 
     @staticmethod
     def from_points(l1: int, l2: int, b1: int, b2: int, a11: int, a12: int, a21: int, a22: int) -> "TraceFit":
@@ -132,29 +144,37 @@ def traced_layers(config, total_layers: int) -> tuple[int, int]:
 def trace_activations(config, config_hash: str, total_layers: int, req: TraceRequest,
                       trust_remote_code: bool = False, batch_slope: bool = True) -> TraceFit:
     """Fit of the activations over depth (and micro-batch), exact at `req.micro_batch` (the anchor), with the
-    allocator's slack at the anchor.
+    allocator's slack at the anchor. The forward's and the backward's peaks are fitted apart and the larger taken.
 
     Without `batch_slope` only the anchor micro-batch is traced (2 traces instead of 4) and the fit is
     valid at that micro-batch alone."""
     l1, l2 = traced_layers(config, total_layers)
-    b1 = req.micro_batch
-    first = _cached_trace(config, config_hash, l1, req, trust_remote_code)
-    second = first if l1 == l2 else _cached_trace(config, config_hash, l2, req, trust_remote_code)
-    depth = l2 - l1 or 1
-    slack = {"slack": max(first.slack, second.slack)}
-    if not batch_slope:
+    b1, b2 = req.micro_batch, req.micro_batch + 1
+    depths = tuple(dict.fromkeys((l1, l2)))
+    anchor = [_cached_trace(config, config_hash, layers, req, trust_remote_code) for layers in depths]
+    more = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code)
+            for layers in depths] if batch_slope else None
+    slack = max(point.slack for point in anchor)
+    backward = _phase_fit(depths, (b1, b2), anchor, more, lambda p: p.backward)
+    return replace(backward, slack=slack, forward=_phase_fit(depths, (b1, b2), anchor, more, lambda p: p.forward))
+
+
+def _phase_fit(depths: tuple[int, ...], batches: tuple[int, int], anchor: list[TracePoint],
+               more: list[TracePoint] | None, phase) -> TraceFit:
+    """One phase's peak as `TraceFit`'s bilinear form through the traced points (`more`: the same depths at the
+    anchor micro-batch + 1, or None for no micro-batch slope)."""
+    (b1, b2), (l1, l2) = batches, (depths[0], depths[-1])
+    a11, a21 = phase(anchor[0]), phase(anchor[-1])
+    if more is None:
         if l1 == l2:
-            return TraceFit(float(first.activations), 0.0, 0.0, 0.0, (l1,), **slack)
-        per_block = (second.activations - first.activations) / depth
-        return TraceFit(first.activations - l1 * per_block, 0.0, per_block, 0.0, (l1, l2), **slack)
-    b2 = b1 + 1
-    more = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code).activations
-            for layers in dict.fromkeys((l1, l2))]
+            return TraceFit(float(a11), 0.0, 0.0, 0.0, (l1,))
+        per_block = (a21 - a11) / (l2 - l1)
+        return TraceFit(a11 - l1 * per_block, 0.0, per_block, 0.0, (l1, l2))
+    a12, a22 = phase(more[0]), phase(more[-1])
     if l1 == l2:  # traced whole: only the micro-batch slope is fitted
-        per_sample = (more[0] - first.activations) / (b2 - b1)
-        return TraceFit(first.activations - per_sample * b1, per_sample, 0.0, 0.0, (l1,), **slack)
-    fit = TraceFit.from_points(l1, l2, b1, b2, first.activations, more[0], second.activations, more[1])
-    return replace(fit, **slack)
+        per_sample = (a12 - a11) / (b2 - b1)
+        return TraceFit(a11 - per_sample * b1, per_sample, 0.0, 0.0, (l1,))
+    return TraceFit.from_points(l1, l2, b1, b2, a11, a12, a21, a22)
 
 
 @dataclass(frozen=True)
@@ -190,8 +210,8 @@ def _cached_trace(config, config_hash, layers, req, trust) -> TracePoint:
     if key in _memory_cache:
         return _memory_cache[key]
     stored = load_json("traces", key)
-    if stored is not None and {"activations", "slack", "profile"} <= set(stored):
-        result = TracePoint(stored["activations"], stored["slack"], stored["profile"])
+    if stored is not None and {"activations", "slack", "profile", "forward", "backward"} <= set(stored):
+        result = TracePoint(**{k: stored[k] for k in ("activations", "slack", "profile", "forward", "backward")})
     else:
         result = run_trace(config, layers, req, trust)
         store_json("traces", key, asdict(result))
@@ -304,8 +324,12 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
             tracker.record()
             with _sdpa_kernel(req.attention), _autocast_rules(req), recorder:
                 loss = forward_loss(model, batch, req.autocast, objective=req.objective)
+                forward = tracker.peak - base
+                tracker.restart_peak()
                 recorder.phase = "backward"
                 loss.backward()
+    backward = tracker.peak - base
+    peak = max(forward, backward)
     replayed = replay(tracker.events)
-    return TracePoint(activations=tracker.peak - base, slack=max(0, replayed.peak_reserved - (tracker.peak - base)),
-                      profile=recorder.profile.to_json())
+    return TracePoint(activations=peak, slack=max(0, replayed.peak_reserved - peak),
+                      profile=recorder.profile.to_json(), forward=forward, backward=backward)

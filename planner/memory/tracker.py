@@ -65,6 +65,13 @@ class LiveStorageTracker(TorchDispatchMode):
         self.peak = self.current
         return self.current
 
+    def restart_peak(self) -> int:
+        """Start a new peak from what is live now, keeping every storage swept (a phase boundary inside a step,
+        where the live tensors will still die); returns that level."""
+        self.sweep()
+        self.peak = self.current
+        return self.current
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.sweep()
