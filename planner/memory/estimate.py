@@ -235,7 +235,7 @@ class Evaluation:
         kernel = attention_kernel(
             implementation, device=self.device, half=ACTIVATIONS[family].half_weights or ACTIVATIONS[family].autocast,
             compute_capability=self.gpu.compute_capability_tuple if self.gpu else None, head_dim=spec.head_dim,
-            dropout=spec.attention_dropout)
+            dropout=spec.attention_dropout, grouped_query=spec.kv_heads < spec.heads)
         # flash and memory-efficient kernels apply dropout inside the kernel and save no mask; eager and math
         # attention save it (planner/memory/kernels.py)
         return TraceRequest(
