@@ -196,7 +196,7 @@ def _site(frames: list[dict]) -> str:
     C++ alone, such as autograd's backward thread."""
     def short(frame: dict) -> str:
         name = frame["filename"].replace("\\", "/")
-        for anchor in ("site-packages/", "dist-packages/", "/work/"):
+        for anchor in ("site-packages/", "dist-packages/"):
             name = name.split(anchor)[-1]
         return f"{name}:{frame['line']} {frame['name']}"
 
