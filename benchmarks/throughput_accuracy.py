@@ -10,7 +10,9 @@ Two sets of published rows, both in benchmarks/data with each row's source:
   give a ranking check: Kendall's tau of predicted vs measured order inside each sweep.
 
 No constant of the speed model is fitted to any of these rows: the efficiencies are per-GPU microbenchmark figures
-(planner/hardware/efficiency.json, each sourced) and the GEMM shape constants come from a GEMM table
+or steps we measured ourselves on a lent H100 (planner/hardware/efficiency.json, each sourced; the host cost of a
+checkpointed block comes from our own H100 steps, none of them in these files) and the GEMM shape constants come
+from a GEMM table
 (planner/throughput.py). Leave-one-source-out cross-validation therefore refits nothing: every fold's prediction
 is the full-data prediction, and all errors below are out-of-sample. The script says so in its output.
 

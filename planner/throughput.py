@@ -25,7 +25,7 @@ from planner.memory.profile import (
     ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, PY_KERNELS, PY_VIEWS, Profile,
 )
 from planner.models.spec import ModelSpec
-from planner.vocab import DEEPSPEED, FP32_COMPUTE, OFFLOAD, OPTIMIZER, PRECISION, TORCH
+from planner.vocab import CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, OFFLOAD, OPTIMIZER, PRECISION, TORCH
 
 #: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
 #: its pipeline, whose fill and drain cost a few slices. Chosen against XLA's measured H100 GEMM table
@@ -73,10 +73,10 @@ class Throughput:
 def matmul_parameters(spec: ModelSpec) -> int:
     """Parameters that take part in matmuls per token: all but the embedding lookups, plus the LM head
     when it shares the embedding; for MoE only the experts a token is routed to."""
-    params = spec.parameters - spec.embedding_parameters
+    params = spec.active_parameters - spec.embedding_parameters
     if spec.tied_embeddings and spec.vocab and spec.has_lm_head:
         params += spec.vocab * spec.hidden
-    if spec.num_experts > 1:
+    if spec.num_experts > 1 and not spec.expert_parameters:  # experts not found by name: from the config's shapes
         per_expert = (3 if spec.gated_mlp else 2) * spec.hidden * spec.ffn
         params -= spec.layers * per_expert * (spec.num_experts - spec.experts_per_token)
     return max(params, 1)
@@ -152,10 +152,12 @@ def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
     return us * 1e-6
 
 
-def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency) -> MicroStep:
+def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency,
+               checkpointed_blocks: int = 0) -> MicroStep:
     """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
     the configuration's own program (weights' dtype, autocast), so its ops carry their real dtypes; 16-bit ops
-    run at the precision's 16-bit peak."""
+    run at the precision's 16-bit peak. Each of `checkpointed_blocks` adds its measured host cost beyond the
+    recomputed ops (`Efficiency.checkpoint_block_us`)."""
     gpu_s = 0.0
     for count, dims, dtype, _phase, scaled in profile.gemms():
         dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
@@ -167,7 +169,8 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
         gpu_s += max(fl * scale / peak, moved / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
     for scaled, fixed, count in profile.memory.values():
         gpu_s += max((scaled * scale + fixed) / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
-    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_seconds(profile, eff))
+    cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
+    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
 
 
 def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int) -> float:
@@ -233,7 +236,8 @@ def offload_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> 
 def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
               traced_micro_batch: int, optimizer: str, eff: Efficiency) -> Throughput:
     """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`."""
-    micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff)
+    blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
+    micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff, blocks)
     backward = micro.seconds * _backward_share(profile)
     compute = cfg.grad_accum * micro.seconds
     opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)

@@ -97,6 +97,16 @@ def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels():
     assert step.seconds == step.gpu_s > step.cpu_s
 
 
+def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    small = Profile(matmuls={"1,64,64,64,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
+    plain = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
+    checkpointed = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff, checkpointed_blocks=24)
+    assert checkpointed.cpu_s - plain.cpu_s == pytest.approx(24 * eff.checkpoint_block_us * 1e-6)
+    assert checkpointed.gpu_s == plain.gpu_s and eff.checkpoint_block_us > 10 * eff.module_call_us
+
+
 def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():
     resolved = resolve_model("bigscience/bloom-560m")
     gpu = lookup_gpu("A100-80GB")
