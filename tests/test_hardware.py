@@ -9,7 +9,7 @@ from planner.hardware import REFERENCE_GPU, catalog, detect_gpus, known_names, l
 
 NAMES = ["V100-16GB", "V100-32GB", "T4-16GB", "A10G-24GB", "L4-24GB", "L40S-48GB", "A100-40GB", "A100-80GB",
          "H100-80GB", "H100-PCIe-80GB", "H200-141GB", "B200-192GB", "RTX3090-24GB", "RTX4090-24GB",
-         "MI250X-128GB", "MI300X-192GB"]
+         "MI250X-64GB", "MI300X-192GB"]
 GPUS = catalog()
 
 
@@ -111,3 +111,10 @@ def test_peak_tflops():
         t4.peak_tflops("bf16-mixed")
     with pytest.raises(ValueError):
         a100.peak_tflops("fp8")
+
+
+def test_mi250x_is_one_gcd_as_software_sees_it():
+    """The OS and torch show each of an MI250X's two GCDs as a 64 GB GPU: the catalog entry is one GCD."""
+    gcd = lookup_gpu("AMD Instinct MI250X")
+    assert gcd.name == "MI250X-64GB" and gcd.memory_bytes == 68702699520
+    assert gcd.peak_tflops_bf16 == 191.5 and gcd.hbm_bandwidth_GBps == 1638.4
