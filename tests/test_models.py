@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, MistralConfig
+from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2MoeConfig
 
 from planner.errors import InputError, ModelNotFoundError
 from planner.models import resolve_model
@@ -159,3 +159,24 @@ def test_auto_map_requires_trust_remote_code(tmp_path):
     assert info.value.flag == "--trust-remote-code"
     assert not sentinel.exists()
     assert not any("modeling_custom" in name for name in sys.modules)
+
+
+def test_mixtral_active_parameters_count_the_two_routed_experts():
+    """transformers 5 fuses Mixtral's experts into 3-D tensors (MixtralExperts.gate_up_proj): found by the module's
+    name, the active count is Mistral's published 12.9B of 46.7B."""
+    spec = resolve_model("mistralai/Mixtral-8x7B-v0.1").spec
+    assert spec.gated_mlp and spec.num_experts == 8 and spec.experts_per_token == 2
+    assert spec.active_parameters == pytest.approx(12.9e9, rel=0.01)
+    assert spec.parameters == pytest.approx(46.7e9, rel=0.01)
+
+
+def test_shared_experts_stay_active(tmp_path):
+    config = Qwen2MoeConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=2,
+                            num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
+                            architectures=["Qwen2MoeForCausalLM"])
+    config.save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path)).spec
+    routed = 2 * 8 * 3 * 64 * 32  # layers x experts x (gate, up, down) x hidden x expert width
+    assert spec.expert_parameters == routed
+    assert spec.parameters - spec.active_parameters == routed * 6 // 8  # the shared expert is not among them

@@ -113,6 +113,18 @@ def _layer_keys(config) -> list[str]:
     return ["num_hidden_layers"]
 
 
+def routed_expert_parameters(model) -> int:
+    """Parameters of the routed experts: everything under a module named `experts` (transformers' MoE blocks name
+    it so, whether it holds one module per expert, as DeepSeek's and Qwen-MoE's do, or fused 3-D tensors, as
+    Mixtral's MixtralExperts in transformers 5 does), except shared experts, which every token runs."""
+    total = 0
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "experts" and "shared" not in name:
+            total += sum(p.numel() for p in module.parameters())
+    return total
+
+
 def num_layers(config) -> int:
     keys = _layer_keys(config)
     if keys == ["num_hidden_layers"]:
@@ -185,7 +197,7 @@ def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
     seq_len = min(int(max_pos), default_seq) if max_pos else default_seq
     embed = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-    names = [n for n, _ in model.named_modules()]
+    names = [n for n, _ in model.named_modules()] + [n for n, _ in model.named_parameters()]
     gated = any(k in n for n in names for k in ("gate_proj", "wi_0", "gate_up_proj", ".w3", "fc1_g"))
     if not gated:
         gated = "glu" in str(_first(text, "feed_forward_proj", "ffn_type", default="")).lower()
@@ -205,6 +217,7 @@ def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
         gated_mlp=gated,
         num_experts=int(_first(text, "num_local_experts", "num_experts", default=1) or 1),
         experts_per_token=int(_first(text, "num_experts_per_tok", "top_k", default=1) or 1),
+        expert_parameters=routed_expert_parameters(model),
         largest_layer_parameters=largest, embedding_parameters=embed,
         tensor_sizes=tuple(p.numel() if p.requires_grad else -p.numel() for p in params),
         attention_dropout=float(_first(text, "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob",

@@ -32,6 +32,8 @@ class ModelSpec(BaseModel):
     gated_mlp: bool = False     # SwiGLU/GeGLU: three FFN matrices
     num_experts: int = 1
     experts_per_token: int = 1
+    #: parameters of the routed experts, all layers (MoE; shared experts, which every token runs, excluded)
+    expert_parameters: int = 0
     largest_layer_parameters: int = 0   # biggest single parameter tensor (ZeRO-3 gathers it whole)
     embedding_parameters: int = 0
     #: numel of each parameter tensor (negative: frozen), in the model's order: the allocations the caching
@@ -47,6 +49,15 @@ class ModelSpec(BaseModel):
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters a token runs through: all but the routed experts it is not sent to (MoE: num_experts_per_tok
+        of num_experts; Mixtral-8x7B: 12.9B of 46.7B)."""
+        if self.num_experts <= 1 or not self.expert_parameters:
+            return self.parameters
+        idle = self.expert_parameters * (self.num_experts - self.experts_per_token) // self.num_experts
+        return self.parameters - idle
 
     @property
     def non_embedding_parameters(self) -> int:
