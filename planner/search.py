@@ -206,11 +206,24 @@ def judge(cfg: Config | None, mem: MemoryEstimate, budget: int) -> tuple[bool, s
     return False, f"estimated peak {_gib(mem.peak)} > budget {_gib(budget)} ({mem.method}; not traced)"
 
 
-def rank_key(c: Candidate):
-    """Fastest first; within 1% of each other, fewer moving parts, then more headroom."""
-    speed = c.throughput.tokens_per_s if c.throughput else 0.0
-    bucket = math.floor(math.log(speed) / math.log(1.01)) if speed > 0 else -math.inf
-    return (-bucket, c.config.complexity(), c.memory.peak if c.memory else math.inf)
+#: Candidates whose predicted speeds differ by less than this ratio rank as equally fast. The same configuration
+#: measured on two lent H100s differed by 10-17% (benchmarks/results/gpu_validation-H100-80GB-2026-11-2*-matrix-0_*
+#: BLOOM rows, which no setting changed), so a 1% edge is noise, and a plan that adds ZeRO and CPU offload to a
+#: 560M model on an 80 GB GPU for it is not one a user can trust.
+SPEED_TIE = 1.03
+
+
+def rank(fitting: list[Candidate]) -> list[Candidate]:
+    """Fastest first, except that the candidates within `SPEED_TIE` of the fastest go first by fewer moving parts
+    (then speed, then headroom)."""
+    def speed(c: Candidate) -> float:
+        return c.throughput.tokens_per_s if c.throughput else 0.0
+
+    ordered = sorted(fitting, key=lambda c: (-speed(c), c.memory.peak if c.memory else math.inf))
+    if not ordered:
+        return []
+    tied = [c for c in ordered if speed(c) * SPEED_TIE >= speed(ordered[0])]
+    return sorted(tied, key=lambda c: (c.config.complexity(), -speed(c))) + ordered[len(tied):]
 
 
 def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
@@ -242,13 +255,13 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
                                      reason=f"model states alone {_gib(model_states.total)} > budget {_gib(budget)}"))
             continue
-        contender = best_speed is None or speed.tokens_per_s >= best_speed * 0.99
+        contender = best_speed is None or speed.tokens_per_s * SPEED_TIE >= best_speed
         mem = _evaluate(cfg, evaluator, budget, contender)
         fits, reason = judge(cfg, mem, budget)
         if fits and best_speed is None:
             best_speed = speed.tokens_per_s
         results.append(Candidate(config=cfg, memory=mem, throughput=speed, fits=fits, reason=reason))
-    fitting = sorted((c for c in results if c.fits), key=rank_key)
+    fitting = rank([c for c in results if c.fits])
     rest = [c for c in results if not c.fits]
     return fitting + rest
 

@@ -14,7 +14,10 @@ from planner.errors import InputError, NoFitError
 from planner.hardware import lookup_gpu
 from planner.lr import scale_lr
 from planner.models import resolve_model
-from planner.search import SearchSpace, SpeedModel, divisors, enumerate_configs, judge, nearest_valid_batches
+from planner.search import (
+    SPEED_TIE, SearchSpace, SpeedModel, divisors, enumerate_configs, judge, nearest_valid_batches, rank,
+)
+from planner.types import Candidate, ThroughputInfo
 from planner.memory.estimate import Evaluation
 
 A100 = "A100-80GB"
@@ -200,3 +203,19 @@ def test_offload_respects_host_memory():
     with pytest.raises(NoFitError) as info:  # 405B would need ~10 TB of host memory on one node
         plan("meta-llama/Llama-3.1-405B", 64, gpu="H100-80GB", gpus_per_node=8, seq_len=2048)
     assert any("host memory" in c.reason for c in info.value.plan.candidates)
+
+
+def _ranked(label: str, tokens_per_s: float, **kw) -> Candidate:
+    args = dict(micro_batch=2, grad_accum=128, precision="bf16-mixed", checkpointing="none", zero_stage=0,
+                offload="none", world_size=1)
+    args.update(kw)
+    speed = ThroughputInfo(tokens_per_s=tokens_per_s, samples_per_s=1.0, mfu=0.1, step_time_s=1.0)
+    return Candidate(config=Config(**args), memory=None, throughput=speed, fits=True, reason=label)
+
+
+def test_a_simpler_candidate_within_the_speed_tie_goes_first():
+    offload = _ranked("offload", 16004, engine="deepspeed", zero_stage=2, offload="optimizer")
+    plain = _ranked("plain", 15716)  # 1.8% slower, as bloom-560m on one A100 was predicted
+    assert [c.reason for c in rank([offload, plain])] == ["plain", "offload"]
+    far = _ranked("plain", 16004 / (SPEED_TIE * 1.01))
+    assert [c.reason for c in rank([far, offload])] == ["offload", "plain"]
