@@ -23,7 +23,11 @@ MiB = 2**20
 # --- GPU view: what a CUDA process holds above its tensors
 #: CUDA context with lazy module loading (CUDA >= 11.7 default): 0.3-1.5 GiB depending on GPU, driver and kernels
 #: loaded (the HF docs' "Model training anatomy" measures ~1.3 GB on a V100 after `torch.ones(1).cuda()`, before lazy
-#: loading). Not yet measured on our GPUs: the middle of that range.
+#: loading). Measured on an H100 (torch 2.11, driver 580): 615.6 MiB after the first allocation, +69 MB once cuBLAS
+#: loads and +19 MB for the SDPA kernels' modules (benchmarks/results/gpu_mechanisms-H100-80GB-2026-11-22.json);
+#: a training step loads more modules (loss, optimizer, norms) and the NVML process totals of 39 steps sit at a
+#: median 2.6% from the prediction with this value (benchmarks/results/gpu_measured-H100-80GB.json). Other GPUs and
+#: drivers unmeasured.
 CUDA_CONTEXT_BYTES = 768 * MiB
 #: cuBLAS/cuBLASLt workspace, allocated through torch's caching allocator (so in max_memory_allocated): torch's
 #: default CUBLAS_WORKSPACE_CONFIG ":4096:8" = 32 MiB on Hopper (aten/src/ATen/cuda/CublasHandlePool.cpp
