@@ -49,7 +49,7 @@ def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, sca
     factor = LR_SCALING[rule].factor(k)
     notes = []
     warmup = 0
-    if factor >= WARMUP_SUGGESTION_FACTOR:
+    if base_lr is not None and factor >= WARMUP_SUGGESTION_FACTOR:  # no LR asked for: none written, no warmup
         warmup = int(WARMUP_STEPS_PER_FACTOR * factor)
         notes.append(f"LR scaled x{factor:.1f}: warm up over ~{warmup} optimizer steps (Goyal et al. 2017).")
     if has_batchnorm and micro_batch is not None:

@@ -227,4 +227,12 @@ def _lr(choice, lr, lr_batch, lr_scaling, optimizer, spec, global_batch) -> tupl
     d = scale_lr(lr, global_batch, ref, lr_scaling, optimizer, spec.has_batchnorm, cfg.micro_batch)
     info = LearningRate(learning_rate=d.learning_rate, base_lr=d.base_lr, reference_batch=d.reference_batch,
                         scaling=d.scaling, factor=d.factor, warmup_steps=d.warmup_steps)
-    return info, d.notes
+    if lr is None:
+        notes = ("No --lr: the files keep the Trainer's default learning rate and write no warmup; give --lr (and "
+                 "--lr-batch, the batch it was tuned at) to have it scaled to this batch.",)
+    elif lr_batch is None:
+        notes = (f"--lr is taken as tuned at micro-batch x GPUs = {ref} samples (no accumulation), so it is scaled "
+                 f"x{d.factor:.2f} ({d.scaling}) and moves with the chosen split; --lr-batch fixes the reference.",)
+    else:
+        notes = ()
+    return info, notes + d.notes

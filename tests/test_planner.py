@@ -219,3 +219,22 @@ def test_a_simpler_candidate_within_the_speed_tie_goes_first():
     assert [c.reason for c in rank([offload, plain])] == ["plain", "offload"]
     far = _ranked("plain", 16004 / (SPEED_TIE * 1.01))
     assert [c.reason for c in rank([far, offload])] == ["offload", "plain"]
+
+
+def test_without_lr_no_learning_rate_or_warmup_is_written():
+    """A plan with no --lr once wrote 2262 warmup steps (27 days at that plan's step time)."""
+    from planner.export import training_args
+
+    p = plan("bigscience/bloom-560m", 256, gpu=A100)
+    args = training_args(p)
+    assert args["warmup_steps"] == 0 and "learning_rate" not in args and p.lr.learning_rate is None
+    assert any("No --lr" in note for note in p.notes)
+
+
+def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu():
+    a100 = plan("bigscience/bloom-560m", 256, gpu=A100, lr=2e-4, lr_batch=32)
+    t4 = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", lr=2e-4, lr_batch=32)
+    assert a100.choice.config.micro_batch != t4.choice.config.micro_batch
+    assert a100.lr.learning_rate == t4.lr.learning_rate == pytest.approx(2e-4 * math.sqrt(256 / 32))
+    without = plan("bigscience/bloom-560m", 256, gpu=A100, lr=2e-4)
+    assert any("moves with the chosen split" in note for note in without.notes)
