@@ -45,6 +45,8 @@ Engine = Annotated[str, Opt("--engine", help="Engine for sharded candidates: " +
 NoOffload = Annotated[bool, Opt("--no-offload", help="Never offload optimizer or parameters to the CPU.")]
 Offload = Annotated[Optional[str], Opt("--offload", help="Pin the CPU offload: " + choices_text(OFFLOAD))]
 Headroom = Annotated[Optional[float], Opt("--headroom", help="Fraction of GPU memory kept free (default 0.05).")]
+HostMemory = Annotated[Optional[float], Opt("--host-memory", help="Host RAM per node in GB, for CPU offload (default: "
+                                            "this machine's when planning for its GPU, else an assumed 2 TiB node).")]
 Lr = Annotated[Optional[float], Opt("--lr", help="Base learning rate, tuned at --lr-batch.")]
 LrBatch = Annotated[Optional[int], Opt("--lr-batch", help="Batch the base LR was tuned at (default: micro-batch x "
                                                           "GPUs).")]
@@ -92,6 +94,7 @@ class Flags:
     no_offload: bool = False
     offload: str | None = None
     headroom: float | None = None
+    host_memory: float | None = None
     lr: float | None = None
     lr_batch: int | None = None
     lr_scaling: str = AUTO
@@ -121,8 +124,9 @@ def main_command(
     gpus_per_node: GpusPerNode = None, nodes: Nodes = _D.nodes, optimizer: Optimizer = _D.optimizer,
     precision: Precision = _D.precision, micro_batch: MicroBatch = None, checkpointing: Checkpointing = None,
     zero_stage: ZeroStage = None, attention: Attention = _D.attention, engine: Engine = _D.engine,
-    no_offload: NoOffload = False, offload: Offload = None, headroom: Headroom = None, lr: Lr = None, lr_batch: LrBatch = None,
-    lr_scaling: LrScaling = _D.lr_scaling, memory_method: MemoryMethod = _D.memory_method,
+    no_offload: NoOffload = False, offload: Offload = None, headroom: Headroom = None,
+    host_memory: HostMemory = None, lr: Lr = None, lr_batch: LrBatch = None, lr_scaling: LrScaling = _D.lr_scaling,
+    memory_method: MemoryMethod = _D.memory_method,
     trust_remote_code: TrustRemoteCode = False, as_json: AsJson = False, emit_dir: EmitDir = None, force: Force = False,
     main_process_ip: MainIp = None, main_process_port: MainPort = _D.main_process_port,
     machine_rank: MachineRank = _D.machine_rank, hostnames: Hostnames = None, probe: Probe = None,
@@ -202,7 +206,8 @@ def _request(flags: Flags):
         gpus_per_node=flags.gpus_per_node, nodes=flags.nodes, optimizer=flags.optimizer, precision=flags.precision,
         micro_batch=flags.micro_batch, checkpointing=flags.checkpointing, zero_stage=flags.zero_stage,
         attention=flags.attention, offload=_offload(flags), headroom=flags.headroom, lr=flags.lr,
-        lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling, memory_method=flags.memory_method,
+        host_memory_gb=flags.host_memory, lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling,
+        memory_method=flags.memory_method,
         engine=flags.engine, trust_remote_code=flags.trust_remote_code)
 
 

@@ -34,14 +34,15 @@ def plan(
     lr_scaling: str = AUTO, memory_method: str = AUTO_METHOD, measure: Callable | None = None,
     trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
     progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
+    host_memory: int | None = None,
 ) -> Plan:
     """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError."""
     from planner.models import resolve_model
 
-    _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch)
+    _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory)
     _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine)
     offloads = _offloads(offload)
-    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect)  # cheap: fail fast on a bad --gpu
+    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory)  # cheap: fail fast on a bad --gpu
     gpu_entry = hw.lookup_gpu(hardware.gpu)
     resolved = resolve_model(model, trust_remote_code=trust_remote_code)
     world = hardware.gpus_per_node * hardware.nodes
@@ -54,6 +55,7 @@ def plan(
     ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
+    notes += _host_note(hardware, ranked[0])
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)
     draft = Plan(model=ModelInfo.of(resolved.spec, s), hardware=hardware, seq_len=s, optimizer=optimizer,
                  attention=attention, choice=ranked[0], candidates=tuple(ranked), lr=_lr(ranked[0], *lr_args)[0],
@@ -71,7 +73,8 @@ def plan(
     return _with_learning_rates(draft, lr_args)
 
 
-def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch):
+def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch,
+                   host_memory=None):
     for value, flag, limit in ((global_batch, "--batch", LIMITS.batch), (nodes, "--nodes", LIMITS.nodes),
                                (gpus_per_node, "--gpus-per-node", LIMITS.gpus_per_node),
                                (seq_len, "--seq-len", LIMITS.seq_len), (micro_batch, "--micro-batch", LIMITS.batch),
@@ -84,6 +87,8 @@ def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, hea
     if gpus_per_node is not None and gpus_per_node * nodes > LIMITS.world_size:
         raise InputError(f"{gpus_per_node * nodes} GPUs in all is above the supported {LIMITS.world_size:,}",
                          flag="--nodes")
+    if host_memory is not None and not host_memory > 0:
+        raise InputError(f"must be a positive number of bytes, got {host_memory}", flag="--host-memory")
     if headroom is not None and not (0.0 <= headroom < 0.9):
         raise InputError(f"must be a fraction in [0, 0.9), got {headroom}", flag="--headroom")
 
@@ -132,7 +137,16 @@ def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, z
         micro_batch=micro_batch, engine=engine, optimizer=optimizer)
 
 
-def _hardware(gpu, gpus_per_node, nodes, headroom, detect) -> Hardware:
+def _host_note(hardware: Hardware, choice) -> tuple[str, ...]:
+    """Name the host RAM an offload plan was checked against when it was assumed, not measured or given."""
+    if hardware.host_memory_source != "assumed" or not (choice.memory and choice.memory.cpu_offload_bytes):
+        return ()
+    return (f"Offload holds {choice.memory.cpu_offload_bytes / 2**30:.1f} GiB per node in host RAM; it was checked "
+            f"against an assumed {hardware.host_memory_bytes / 2**40:.0f} TiB node (DGX); give --host-memory GB for "
+            f"yours.",)
+
+
+def _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory=None) -> Hardware:
     detected = hw.detect_gpus() if detect else None
     frac = DEFAULT_HEADROOM if headroom is None else headroom
     note = ""
@@ -148,9 +162,15 @@ def _hardware(gpu, gpus_per_node, nodes, headroom, detect) -> Hardware:
     budget = int(entry.memory_bytes * (1 - frac))
     if is_local and detected.free_bytes:
         budget = min(budget, int(min(detected.free_bytes) * (1 - frac)))
-    host = _local_host_memory() if is_local else DEFAULT_HOST_MEMORY_BYTES
+    if host_memory is not None:
+        host, source = host_memory, "given"
+    elif is_local:
+        host, source = _local_host_memory(), "this machine"
+    else:
+        host, source = DEFAULT_HOST_MEMORY_BYTES, "assumed"
     return Hardware(gpu=entry.name, gpu_memory_bytes=entry.memory_bytes, gpus_per_node=count, nodes=nodes,
-                    detected=is_local, budget_bytes=budget, headroom=frac, host_memory_bytes=host, note=note)
+                    detected=is_local, budget_bytes=budget, headroom=frac, host_memory_bytes=host,
+                    host_memory_source=source, note=note)
 
 
 def _local_host_memory() -> int:

@@ -57,12 +57,14 @@ def summary(plan) -> Panel:
         f"[bold]{m.name}[/]  {m.parameters / 1e9:.3g}B params, {m.layers} layers, hidden {m.hidden}, "
         f"vocab {m.vocab}, seq {plan.seq_len}",
         f"[bold]{h.nodes} x {h.gpus_per_node} x {h.gpu}[/] ({gib(h.gpu_memory_bytes)} each"
-        f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom)",
+        f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom; "
+        f"host RAM {gib(h.host_memory_bytes)} per node, {h.host_memory_source})",
         "",
         f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
         f"{cfg.global_batch}[/]",
         f"precision [bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], "
-        f"{cfg.parallelism_label()}, offload [bold]{cfg.offload}[/]",
+        f"{cfg.parallelism_label()}, offload [bold]{cfg.offload}[/]"
+        + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)" if c.memory.cpu_offload_bytes else ""),
         f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
         f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
         _closeness(c.memory, h),

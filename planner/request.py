@@ -25,12 +25,14 @@ class Limits:
     world_size: int = 2**17         # 131,072 GPUs in all
     seq_len: int = 2**21            # 2M tokens
     lr_batch: int = 2**24
+    host_memory_gb: float = 2**20   # 1 PB of RAM per node
 
 
 LIMITS = Limits()
 
 #: pydantic field -> the flag a user types, for error messages
-FLAGS = {"global_batch": "--batch", "lr_batch": "--lr-batch", "memory_method": "--memory-method"}
+FLAGS = {"global_batch": "--batch", "lr_batch": "--lr-batch", "memory_method": "--memory-method",
+         "host_memory_gb": "--host-memory"}
 
 
 class PlanRequest(BaseModel):
@@ -52,6 +54,8 @@ class PlanRequest(BaseModel):
     attention: Attention = SDPA
     offload: bool | Offload = True                 # True: any; False: none; or the one to use
     headroom: float | None = Field(default=None, ge=0.0, lt=0.9)
+    host_memory_gb: float | None = Field(default=None, gt=0, le=LIMITS.host_memory_gb, allow_inf_nan=False,
+                                         description="host RAM per node in GB, for CPU offload")
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     lr_batch: int | None = Field(default=None, gt=0, le=LIMITS.lr_batch)
     lr_scaling: LRScaling = AUTO
@@ -69,7 +73,8 @@ class PlanRequest(BaseModel):
     def plan_kwargs(self) -> dict:
         data = self.model_dump()
         model = data.pop("model")
-        return {"model": model, **data}
+        gb = data.pop("host_memory_gb")
+        return {"model": model, **data, "host_memory": None if gb is None else int(gb * 1e9)}
 
 
 def build_request(**flags) -> PlanRequest:

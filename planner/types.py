@@ -59,6 +59,7 @@ class Hardware(BaseModel):
     budget_bytes: int      # what a candidate's peak must stay under: card (or free) memory minus headroom
     headroom: float
     host_memory_bytes: int = 0   # per node, for CPU offload: this machine's RAM when planning for it
+    host_memory_source: Literal["given", "this machine", "assumed"] = "assumed"
     note: str = ""
 
 

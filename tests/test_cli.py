@@ -62,6 +62,8 @@ BAD = [
     (["--model", "nope/nope", "--batch", "8"], "--model"),
     (["--model", "gpt2", "--batch", "8", "--precision", "fp8"], "--precision"),
     (["--model", "gpt2", "--batch", "8", "--headroom", "2"], "--headroom"),
+    (["--model", "gpt2", "--batch", "8", "--host-memory", "-3"], "--host-memory"),
+    (["--model", "gpt2", "--batch", "8", "--host-memory", "nan"], "--host-memory"),
     (["--model", "gpt2", "--batch", "8", "--zero-stage", "5"], "--zero-stage"),
     (["--batch", "8"], "--model"),
     (["--model", "gpt2"], "--batch"),

@@ -238,3 +238,17 @@ def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu
     assert a100.lr.learning_rate == t4.lr.learning_rate == pytest.approx(2e-4 * math.sqrt(256 / 32))
     without = plan("bigscience/bloom-560m", 256, gpu=A100, lr=2e-4)
     assert any("moves with the chosen split" in note for note in without.notes)
+
+
+def test_offload_is_checked_against_the_host_ram_given():
+    """bloom-560m on a Colab T4: the offload plan needs 12.5 GiB of host RAM, more than the ~12.7 GB VM has."""
+    assumed = plan("bigscience/bloom-560m", 256, gpu="T4-16GB")
+    needs = assumed.choice.memory.cpu_offload_bytes
+    assert needs > 12.7e9 and assumed.hardware.host_memory_source == "assumed"
+    assert any("--host-memory" in note for note in assumed.notes)
+    with pytest.raises(NoFitError) as err:
+        plan("bigscience/bloom-560m", 256, gpu="T4-16GB", host_memory=int(12.7e9))
+    rejected = [c for c in err.value.plan.candidates if c.config.offload != "none"]
+    assert rejected and all(not c.fits for c in rejected)
+    roomy = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", host_memory=int(64e9))
+    assert roomy.hardware.host_memory_source == "given" and not any("--host-memory" in n for n in roomy.notes)
