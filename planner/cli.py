@@ -340,7 +340,10 @@ def _listing(models: bool, as_json: bool) -> None:
     table = Table(*headers)
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: whole ids and aliases, not cells cut to a default 80 columns
+        console = Console(width=10_000)
+    console.print(table)
 
 
 def _cell(value) -> str:

@@ -176,6 +176,18 @@ class Plan(BaseModel):
     calibration: dict[str, FamilyCalibration] = {}
     speed_calibration: SpeedCalibration | None = None
 
+    def explain(self, width: int = 100) -> str:
+        """The plan as `plan` prints it (the choice, why the alternatives lost, the notes), as plain text."""
+        import io
+
+        from rich.console import Console
+
+        from planner.render import render_plan
+
+        out = io.StringIO()
+        render_plan(self, Console(file=out, width=width, highlight=False, color_system=None, force_terminal=False))
+        return out.getvalue()
+
     def to_json(self) -> dict:
         choice = _config_json(self.choice.config)
         choice.update(learning_rate=self.lr.learning_rate, lr_scaling=self.lr.scaling,

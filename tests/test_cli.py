@@ -47,6 +47,11 @@ def test_list_models():
     assert "gpt2" in result.stdout
 
 
+def test_list_models_piped_keeps_whole_ids():
+    result = invoke("--list-models")  # the test runner's output is no terminal, as a pipe
+    assert "…" not in result.output and "EleutherAI/pythia-160m-deduped" in result.output
+
+
 def test_list_models_json():
     result = invoke("--list-models", "--json")
     assert result.exit_code == 0, result.output

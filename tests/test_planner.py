@@ -252,3 +252,10 @@ def test_offload_is_checked_against_the_host_ram_given():
     assert rejected and all(not c.fits for c in rejected)
     roomy = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", host_memory=int(64e9))
     assert roomy.hardware.host_memory_source == "given" and not any("--host-memory" in n for n in roomy.notes)
+
+
+def test_explain_returns_the_view_as_plain_text():
+    p = plan("gpt2", 8, gpu=A100)
+    text = p.explain(width=120)
+    assert "micro-batch 8 x accumulation 1 x 1 GPU = 8" in text and "\x1b[" not in text
+    assert all(len(line) <= 120 for line in text.splitlines())
