@@ -57,40 +57,60 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
         out.append(f"A larger GPU: {bigger[0].name} ({bigger[0].memory_gib:.0f} GiB) holds the smallest "
                    f"configuration ({best.peak / _GIB:.1f} GiB).")
     off = evaluator.estimate(_least_memory_config(world, precision, 3, OFFLOAD_ALL))
-    if off.peak <= budget and off.cpu_offload_bytes <= (hwinfo.host_memory_bytes or off.cpu_offload_bytes):
-        out.append(f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {off.peak / _GIB:.1f} GiB "
-                   f"per GPU and {off.cpu_offload_bytes / _GIB:.0f} GiB of host memory"
-                   f"{' (drop --no-offload)' if not _offloads(plan) else ''}.")
+    out.append(_offload_lever(plan, off, budget))
     eight = _with_optimizer(evaluator, ADAMW_8BIT, world, precision)
     if plan.optimizer != ADAMW_8BIT and eight.peak <= budget:
         out.append(f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
                    f"peak {eight.peak / _GIB:.1f} GiB fits (--optimizer {ADAMW_8BIT}).")
-    shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision)
+    shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision, NO_OFFLOAD)
     if shorter:
         out.append(f"A shorter sequence: {shorter} tokens fit at micro-batch 1 with full checkpointing "
                    f"(--seq-len {shorter}).")
-    return out
+    elif off.peak > budget:  # the states alone overflow the card: the shorter sequence with everything offloaded
+        shorter = _shorter_sequence(plan, evaluator, off, budget, world, precision, OFFLOAD_ALL)
+        if shorter:
+            out.append(f"Offload and a shorter sequence: with optimizer and parameters in CPU memory, {shorter} "
+                       f"tokens fit at micro-batch 1 with full checkpointing (--seq-len {shorter}).")
+    return [line for line in out if line]
 
 
-def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision: str) -> int | None:
-    """The longest multiple of 64 below the planned length whose activations fit next to the model states,
-    from a quadratic fit of three traced lengths (analytic when the model cannot be traced)."""
+def _offload_lever(plan, off, budget: int) -> str:
+    """Full offload (ZeRO-3, optimizer and parameters in host memory): its numbers, fitting or not."""
+    host = plan.hardware.host_memory_bytes
+    ram = f"{off.cpu_offload_bytes / _GIB:.0f} GiB of host memory"
+    if off.peak > budget:
+        return (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory still needs "
+                f"{off.peak / _GIB:.1f} GiB per GPU, {(off.peak - budget) / _GIB:.1f} GiB over the budget.")
+    if host and off.cpu_offload_bytes > host:
+        return (f"Offload fits the GPU ({off.peak / _GIB:.1f} GiB) but needs {ram}, more than the "
+                f"{host / _GIB:.0f} GiB per node planned for (--host-memory).")
+    return (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {off.peak / _GIB:.1f} GiB per GPU "
+            f"and {ram}{' (drop --no-offload)' if not _offloads(plan) else ''}.")
+
+
+def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision: str, offload: str) -> int | None:
+    """The longest multiple of 64 below the planned length whose activations fit next to the model states of
+    `best` (the least-memory configuration with `offload`), from a quadratic fit of three traced lengths
+    (analytic when the model cannot be traced)."""
     from planner.memory.estimate import sequence_fit
 
-    fixed = best.peak - best.activations  # states and overheads do not depend on the sequence
+    # states and fixed overheads do not depend on the sequence; the error margin and the allocator's slack grow
+    # with the activations they are taken on
+    variable = best.activations + best.terms.error_margin + best.terms.allocator_slack
+    fixed, scale = best.peak - variable, variable / best.activations if best.activations else 1.0
     if fixed >= budget or plan.seq_len < 128:
         return None
     s = plan.seq_len
     lens = (max(64, s // 4 // 64 * 64), max(128, s // 2 // 64 * 64), s)
     if len(set(lens)) < 3:
         return None
-    cfg = _least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD)
+    cfg = _least_memory_config(world, precision, 3 if world > 1 or offload != NO_OFFLOAD else 0, offload)
     try:
         act_at = sequence_fit(evaluator.evaluation, cfg, lens).activations
     except Exception:  # noqa: BLE001 - untraceable model: activations roughly proportional to length
         act_at = lambda n: best.activations * n / s  # noqa: E731
     candidate = (s - 1) // 64 * 64
-    while candidate >= 64 and fixed + act_at(candidate) > budget:
+    while candidate >= 64 and fixed + scale * act_at(candidate) > budget:
         candidate -= 64
     return candidate if candidate >= 64 else None
 

@@ -259,3 +259,14 @@ def test_explain_returns_the_view_as_plain_text():
     text = p.explain(width=120)
     assert "micro-batch 8 x accumulation 1 x 1 GPU = 8" in text and "\x1b[" not in text
     assert all(len(line) <= 120 for line in text.splitlines())
+
+
+def test_llama_70b_on_a_t4_names_the_offload_miss_and_the_sequence_that_fits():
+    with pytest.raises(NoFitError) as info:
+        plan("meta-llama/Llama-2-70b-hf", 8, seq_len=4096, gpu="T4-16GB")
+    text = "\n".join(info.value.suggestions)
+    assert "Offload alone is not enough" in text and "GiB over the budget" in text
+    shorter = int(text.split("--seq-len ")[1].split(")")[0])
+    assert 1024 <= shorter < 4096
+    fits = plan("meta-llama/Llama-2-70b-hf", 8, seq_len=shorter, gpu="T4-16GB")
+    assert fits.choice.fits and fits.choice.memory.exact
