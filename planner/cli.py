@@ -72,6 +72,12 @@ Launch = Annotated[bool, Opt("--launch", help="Run `accelerate launch` with the 
 DryRun = Annotated[bool, Opt("--dry-run", help="With --launch: print the command instead of running it.")]
 ListModels = Annotated[bool, Opt("--list-models", help="List the bundled model presets and exit.")]
 ListGpus = Annotated[bool, Opt("--list-gpus", help="List the GPU catalog and exit.")]
+CompareGpus = Annotated[Optional[str], Opt("--compare-gpus", help="Plan the same job on each of these GPUs "
+                                           "(comma-separated, e.g. A100-80GB,H100-80GB) and print one table.")]
+TrainTokens = Annotated[Optional[float], Opt("--train-tokens", help="With --compare-gpus: tokens of the whole run, "
+                                             "for its time (and cost with --price).")]
+Price = Annotated[Optional[list[str]], Opt("--price", help="With --compare-gpus: GPU=USD_PER_HOUR per GPU-hour; "
+                                           "repeat for each GPU.")]
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,9 @@ class Flags:
     dry_run: bool = False
     list_models: bool = False
     list_gpus: bool = False
+    compare_gpus: str | None = None
+    train_tokens: float | None = None
+    price: list[str] | None = None
 
 
 _D = Flags()
@@ -131,7 +140,8 @@ def main_command(
     main_process_ip: MainIp = None, main_process_port: MainPort = _D.main_process_port,
     machine_rank: MachineRank = _D.machine_rank, hostnames: Hostnames = None, probe: Probe = None,
     probe_budget: ProbeBudget = _D.probe_budget, launch: Launch = False, dry_run: DryRun = False,
-    list_models: ListModels = False, list_gpus: ListGpus = False,
+    list_models: ListModels = False, list_gpus: ListGpus = False, compare_gpus: CompareGpus = None,
+    train_tokens: TrainTokens = None, price: Price = None,
 ) -> None:
     """Plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest."""
     flags = Flags(**{k: v for k, v in locals().items() if k != "ctx"})
@@ -152,6 +162,9 @@ def _run(flags: Flags, script_args: list[str]) -> None:
         _listing(flags.list_models, flags.as_json)
         return
     _check_launch(flags, script_args)
+    if flags.compare_gpus is not None or flags.train_tokens is not None or flags.price:
+        _compare(flags, script_args)
+        return
     request = _request(flags)
     options = _emit_options(flags, request.nodes)
     emit_dir = flags.emit_dir
@@ -172,6 +185,32 @@ def _run(flags: Flags, script_args: list[str]) -> None:
     _print_plan(result, flags.as_json)
     if command is not None:
         _launch(command, flags.dry_run)
+
+
+def _compare(flags: Flags, script_args: list[str]) -> None:
+    from planner.compare import compare_gpus, parse_prices
+
+    if flags.compare_gpus is None:
+        raise InputError("applies to --compare-gpus", flag="--train-tokens" if flags.train_tokens is not None
+                         else "--price", hint="Add --compare-gpus A100-80GB,H100-80GB,...")
+    for name, flag in (("gpu", "--gpu"), ("emit_dir", "--emit"), ("launch", "--launch"), ("probe", "--probe")):
+        if getattr(flags, name) not in (None, False) or script_args:
+            raise InputError(f"cannot be combined with {flag}", flag="--compare-gpus",
+                             hint="Compare first, then plan (and emit) on the GPU you pick.")
+    kwargs = _request(flags).plan_kwargs()
+    gpus = [g.strip() for g in flags.compare_gpus.split(",") if g.strip()]
+    prices = parse_prices(flags.price or [])
+    with _stderr().status("planning...") as status:
+        rows = compare_gpus(kwargs.pop("model"), kwargs.pop("global_batch"), gpus, train_tokens=flags.train_tokens,
+                            prices=prices, progress=lambda g: status.update(f"planning on {g}"), **kwargs)
+    if flags.as_json:
+        sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows]}, indent=2) + "\n")
+        return
+    from rich.console import Console
+
+    from planner.render import comparison_table
+
+    Console(highlight=False).print(comparison_table(rows, flags.train_tokens, bool(prices)))
 
 
 def _check_listing(flags: Flags, script_args: list[str]) -> None:

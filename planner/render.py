@@ -160,6 +160,32 @@ def probes_table(plan) -> Table:
     return table
 
 
+def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
+    """`plan --compare-gpus`: one row per GPU, the choice, its speed and, when asked, the run's time and cost."""
+    title = "The same job on each GPU" + (f" ({train_tokens:.3g} training tokens)" if train_tokens else "")
+    table = Table(title=title, title_justify="left")
+    for col in ("GPU", "choice", "tokens/s", "peak / card") + (("time",) if train_tokens else ()) + (
+            ("cost (USD)",) if priced else ()):
+        table.add_column(col)
+    for r in rows:
+        if r.plan is None:
+            table.add_row(r.gpu, f"[red]nothing fits[/]: {r.error}", "—", "—", *(["—"] * (bool(train_tokens) + priced)))
+            continue
+        c, h = r.plan.choice, r.plan.hardware
+        cells = [r.gpu, c.config.label(), fmt_tokens(c.throughput.tokens_per_s),
+                 f"{gib(c.memory.peak)} / {gib(h.gpu_memory_bytes)}"]
+        if train_tokens:
+            cells.append(_duration(r.train_hours))
+        if priced:
+            cells.append(f"{r.cost_usd:,.0f}" if r.cost_usd is not None else "— (no --price)")
+        table.add_row(*cells)
+    return table
+
+
+def _duration(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
+
+
 def render_plan(plan, console: Console) -> None:
     console.print(summary(plan))
     if plan.probes:
