@@ -13,8 +13,8 @@ from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, 
 from planner.suggest import suggestions
 from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
-    ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, LR_SCALING,
-    MEMORY_METHOD, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES,
+    ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE,
+    LR_SCALING, MEMORY_METHOD, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES,
 )
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
@@ -55,7 +55,7 @@ def plan(
     ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
-    notes += _host_note(hardware, ranked[0])
+    notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0])
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)
     draft = Plan(model=ModelInfo.of(resolved.spec, s), hardware=hardware, seq_len=s, optimizer=optimizer,
                  attention=attention, choice=ranked[0], candidates=tuple(ranked), lr=_lr(ranked[0], *lr_args)[0],
@@ -135,6 +135,16 @@ def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, z
         precisions=_precisions(precision, gpu_entry, attention), checkpointing=tuple(CHECKPOINTING) if checkpointing is None
         else (checkpointing,), zero_stages=_zero_stages(zero_stage, world, offloads, engine), offloads=offloads,
         micro_batch=micro_batch, engine=engine, optimizer=optimizer)
+
+
+def _moe_note(spec, choice) -> tuple[str, ...]:
+    cfg = choice.config
+    if spec.num_experts <= 1 or not (cfg.engine == DEEPSPEED and cfg.zero_stage == 3):
+        return ()
+    return (f"Mixture of experts under ZeRO-3: {spec.experts_per_token} of {spec.num_experts} experts run per token "
+            f"in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 leaf "
+            f"(deepspeed.utils.set_z3_leaf_modules): entering it gathers all its experts at once. Without "
+            f"plan.prepare, call that yourself.",)
 
 
 def _host_note(hardware: Hardware, choice) -> tuple[str, ...]:

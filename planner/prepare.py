@@ -18,7 +18,7 @@ from pathlib import Path
 
 from planner.config import Config
 from planner.errors import InputError
-from planner.vocab import ATTENTION, CHECKPOINTING, FSDP, PRECISION
+from planner.vocab import ATTENTION, CHECKPOINTING, DEEPSPEED, FSDP, PRECISION
 
 TRAINING_ARGS = "training_args.json"
 
@@ -63,6 +63,8 @@ class LoadedPlan:
         ckpt = CHECKPOINTING[cfg.checkpointing]
         if ckpt.enabled and not (cfg.engine == FSDP and not ckpt.per_op_policy):
             enable_checkpointing(model, cfg.checkpointing)
+        if cfg.engine == DEEPSPEED and cfg.zero_stage == 3:
+            _moe_leaves(model)
         return model
 
     def training_arguments_dict(self, **overrides) -> dict:
@@ -76,6 +78,19 @@ class LoadedPlan:
         from transformers import TrainingArguments
 
         return TrainingArguments(**self.training_arguments_dict(**overrides))
+
+
+def _moe_leaves(model) -> None:
+    """ZeRO-3 prefetches parameters in the order modules ran last step, and a mixture of experts runs its experts in
+    a data-dependent order: DeepSpeed's answer is to mark each MoE block a leaf, so entering it gathers all its
+    experts at once (deepspeed/utils/z3_leaf_module.py `set_z3_leaf_modules`)."""
+    from planner.models.build import moe_block_classes
+
+    blocks = moe_block_classes(model)
+    if blocks:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, blocks)
 
 
 def load_plan(path) -> LoadedPlan:

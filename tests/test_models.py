@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+import transformers
 from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2MoeConfig
 
 from planner.errors import InputError, ModelNotFoundError
@@ -180,3 +181,19 @@ def test_shared_experts_stay_active(tmp_path):
     routed = 2 * 8 * 3 * 64 * 32  # layers x experts x (gate, up, down) x hidden x expert width
     assert spec.expert_parameters == routed
     assert spec.parameters - spec.active_parameters == routed * 6 // 8  # the shared expert is not among them
+
+
+def test_moe_blocks_become_zero3_leaves(tmp_path):
+    """ZeRO-3 cannot prefetch experts that run in a data-dependent order: prepare() marks each MoE block a leaf."""
+    from deepspeed.utils.z3_leaf_module import z3_leaf_module
+
+    from planner.models.build import moe_block_classes
+    from planner.prepare import _moe_leaves
+
+    config = Qwen2MoeConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=2,
+                            num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
+    model = transformers.Qwen2MoeForCausalLM(config)
+    assert [c.__name__ for c in moe_block_classes(model)] == ["Qwen2MoeSparseMoeBlock"]
+    _moe_leaves(model)
+    assert all(z3_leaf_module(layer.mlp) for layer in model.model.layers)

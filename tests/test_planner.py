@@ -270,3 +270,10 @@ def test_llama_70b_on_a_t4_names_the_offload_miss_and_the_sequence_that_fits():
     assert 1024 <= shorter < 4096
     fits = plan("meta-llama/Llama-2-70b-hf", 8, seq_len=shorter, gpu="T4-16GB")
     assert fits.choice.fits and fits.choice.memory.exact
+
+
+def test_moe_under_zero3_says_what_prepare_does_for_it():
+    p = plan("mistralai/Mixtral-8x7B-v0.1", 64, gpu=A100, gpus_per_node=8, seq_len=2048, zero_stage=3)
+    assert any("ZeRO-3 leaf" in note for note in p.notes)
+    dense = plan("meta-llama/Llama-3.1-8B", 64, gpu=A100, gpus_per_node=8, seq_len=2048, zero_stage=3)
+    assert not any("ZeRO-3 leaf" in note for note in dense.notes)

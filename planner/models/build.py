@@ -125,6 +125,14 @@ def routed_expert_parameters(model) -> int:
     return total
 
 
+def moe_block_classes(model) -> list[type]:
+    """The classes of the blocks that route tokens to experts (a module holding a child named `experts`)."""
+    import torch
+
+    return sorted({type(m) for m in model.modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)},
+                  key=lambda c: c.__name__)
+
+
 def num_layers(config) -> int:
     keys = _layer_keys(config)
     if keys == ["num_hidden_layers"]:
