@@ -207,7 +207,7 @@ def judge(cfg: Config | None, mem: MemoryEstimate, budget: int) -> tuple[bool, s
 
 
 #: Candidates whose predicted speeds differ by less than this ratio rank as equally fast. The same configuration
-#: measured on two lent H100s differed by 10-17% (benchmarks/results/gpu_validation-H100-80GB-2026-11-2*-matrix-0_*
+#: measured on two lent H100s differed by 14-17% (benchmarks/results/gpu_validation-H100-80GB-2026-11-2*-matrix-0_*
 #: BLOOM rows, which no setting changed), so a 1% edge is noise, and a plan that adds ZeRO and CPU offload to a
 #: 560M model on an 80 GB GPU for it is not one a user can trust.
 SPEED_TIE = 1.03
