@@ -1,7 +1,8 @@
 """Render a plan's files and write them atomically; refuse to overwrite unless forced.
 
 Only the files the plan's engine needs: ds_config.json for DeepSpeed plans, a hostfile for multi-node DeepSpeed,
-accelerate_config.yaml, training_args.json, plan.json (read back by `planner.load_plan`) and launch.sh always.
+peft_config.json for LoRA / QLoRA plans (the LoraConfig and BitsAndBytesConfig arguments), accelerate_config.yaml,
+training_args.json, plan.json (read back by `planner.load_plan`) and launch.sh always.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ TRAINING_ARGS = "training_args.json"
 PLAN_JSON = "plan.json"
 LAUNCH = "launch.sh"
 HOSTFILE = "hostfile"
+PEFT_CONFIG = "peft_config.json"
 #: Every name `emit` may write, for the overwrite check made before planning.
-ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, HOSTFILE)
+ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, HOSTFILE, PEFT_CONFIG)
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
                        r"[A-Za-z0-9])?)*$")
 
@@ -122,6 +124,9 @@ def render_files(plan, opts: EmitOptions, folder: str = ".") -> dict[str, str]:
         PLAN_JSON: _json({k: v for k, v in plan.to_json().items() if k != "files"}),
         LAUNCH: launch_script(plan),
     }
+    peft = plan.to_peft()
+    if peft is not None:
+        files[PEFT_CONFIG] = _json(peft)
     if deepspeed:
         files[DS_CONFIG] = _json(plan.to_deepspeed())
         if plan.hardware.nodes > 1:

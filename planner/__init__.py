@@ -10,7 +10,8 @@ from __future__ import annotations
 from planner.errors import InputError, ModelNotFoundError, NoFitError, TrainplanError, UnknownGPUError
 
 __all__ = ["plan", "estimate_memory", "load_plan", "Plan", "MemoryEstimate", "ModelSpec", "Candidate", "Config",
-           "TrainplanError", "InputError", "NoFitError", "ModelNotFoundError", "UnknownGPUError", "resolve_model"]
+           "TrainplanError", "InputError", "NoFitError", "ModelNotFoundError", "UnknownGPUError", "resolve_model",
+           "Adapter"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -23,6 +24,7 @@ _LAZY = {
     "load_plan": ("planner.prepare", "load_plan"),
     "ModelSpec": ("planner.models.spec", "ModelSpec"),
     "resolve_model": ("planner.models", "resolve_model"),
+    "Adapter": ("planner.models.adapters", "Adapter"),
 }
 
 

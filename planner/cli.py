@@ -17,8 +17,8 @@ import typer
 
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.vocab import (
-    ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, LR_SCALING,
-    MEMORY_METHOD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, choices_text,
+    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, LR_SCALING,
+    MEMORY_METHOD, NO_ADAPTER, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES, choices_text,
 )
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -53,6 +53,17 @@ LrBatch = Annotated[Optional[int], Opt("--lr-batch", help="Batch the base LR was
 LrScaling = Annotated[str, Opt("--lr-scaling", help=choices_text(LR_SCALING))]
 MemoryMethod = Annotated[str, Opt("--memory-method", help=choices_text(MEMORY_METHOD))]
 TrustRemoteCode = Annotated[bool, Opt("--trust-remote-code", help="Allow the model's own code (auto_map) to run.")]
+Task = Annotated[str, Opt("--task", help="The head to train: auto (the config's architectures[0]), "
+                                          + ", ".join(TASK_CHOICES[1:]) + ".")]
+NumLabels = Annotated[Optional[int], Opt("--num-labels", help="Labels of a classification head (--task seq-cls or "
+                                                              "token-cls).")]
+Peft = Annotated[str, Opt("--peft", help="Train adapters over the frozen model: " + choices_text(ADAPTER))]
+LoraRank = Annotated[Optional[int], Opt("--lora-rank", help="LoRA rank r (default 16).")]
+LoraAlpha = Annotated[Optional[float], Opt("--lora-alpha", help="LoRA alpha (default 2 x rank).")]
+LoraTargets = Annotated[Optional[str], Opt("--lora-targets", help="all-linear (default) or module names, e.g. "
+                                                                  "q_proj,v_proj.")]
+LoraDropout = Annotated[Optional[float], Opt("--lora-dropout", help="LoRA dropout (default 0.05).")]
+NoDoubleQuant = Annotated[bool, Opt("--no-double-quant", help="QLoRA: keep the 4-bit blocks' constants in fp32.")]
 AsJson = Annotated[bool, Opt("--json", help="Print the plan (or the error) as JSON.")]
 EmitDir = Annotated[Optional[Path], Opt("--emit", help="Write accelerate_config.yaml, training_args.json, plan.json, "
                                                        "launch.sh (and ds_config.json, hostfile where needed) here.")]
@@ -106,6 +117,14 @@ class Flags:
     lr_scaling: str = AUTO
     memory_method: str = AUTO_METHOD
     trust_remote_code: bool = False
+    task: str = AUTO
+    num_labels: int | None = None
+    peft: str = NO_ADAPTER
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str | None = None
+    lora_dropout: float | None = None
+    no_double_quant: bool = False
     as_json: bool = False
     emit_dir: Path | None = None
     force: bool = False
@@ -136,7 +155,10 @@ def main_command(
     no_offload: NoOffload = False, offload: Offload = None, headroom: Headroom = None,
     host_memory: HostMemory = None, lr: Lr = None, lr_batch: LrBatch = None, lr_scaling: LrScaling = _D.lr_scaling,
     memory_method: MemoryMethod = _D.memory_method,
-    trust_remote_code: TrustRemoteCode = False, as_json: AsJson = False, emit_dir: EmitDir = None, force: Force = False,
+    trust_remote_code: TrustRemoteCode = False, task: Task = AUTO, num_labels: NumLabels = None,
+    peft: Peft = NO_ADAPTER, lora_rank: LoraRank = None, lora_alpha: LoraAlpha = None, lora_targets: LoraTargets = None,
+    lora_dropout: LoraDropout = None, no_double_quant: NoDoubleQuant = False, as_json: AsJson = False,
+    emit_dir: EmitDir = None, force: Force = False,
     main_process_ip: MainIp = None, main_process_port: MainPort = _D.main_process_port,
     machine_rank: MachineRank = _D.machine_rank, hostnames: Hostnames = None, probe: Probe = None,
     probe_budget: ProbeBudget = _D.probe_budget, launch: Launch = False, dry_run: DryRun = False,
@@ -247,7 +269,9 @@ def _request(flags: Flags):
         attention=flags.attention, offload=_offload(flags), headroom=flags.headroom, lr=flags.lr,
         host_memory_gb=flags.host_memory, lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling,
         memory_method=flags.memory_method,
-        engine=flags.engine, trust_remote_code=flags.trust_remote_code)
+        engine=flags.engine, trust_remote_code=flags.trust_remote_code, task=flags.task, num_labels=flags.num_labels,
+        peft=flags.peft, lora_rank=flags.lora_rank, lora_alpha=flags.lora_alpha, lora_targets=flags.lora_targets,
+        lora_dropout=flags.lora_dropout, double_quant=not flags.no_double_quant)
 
 
 def _offload(flags: Flags) -> bool | str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.vocab import (
-    CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION, UNSHARDED_ENGINE,
+    ADAPTER, CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION,
+    UNSHARDED_ENGINE,
     Checkpointing, Engine, Offload, Precision,
 )
 from planner.vocab import activation_family as family_for
@@ -89,6 +90,20 @@ class Config(BaseModel):
             return f"FSDP's CPU offload steps a torch optimizer on the host; {optimizer} runs on the GPU only"
         return None
 
+    def adapter_problem(self, adapter: str) -> str | None:
+        """Why this configuration cannot train `adapter` (`vocab.ADAPTER`), or None."""
+        info, precision = ADAPTER[adapter], PRECISION[self.precision]
+        if info.trains_adapters and precision.weight_bytes < FP32_BYTES:
+            return ("with adapters, mixed precision already keeps the frozen base in 16 bits and trains the adapters "
+                    "in fp32 (peft); a pure 16-bit model is not planned")
+        if info.quantized_base and precision.autocast is None:
+            return "QLoRA computes in 16 bits (bnb_4bit_compute_dtype): use fp16-mixed or bf16-mixed"
+        if info.quantized_base and self.sharded:
+            return ("QLoRA is planned on one GPU or DDP: sharding a 4-bit base (DeepSpeed ZeRO-3, FSDP) needs "
+                    "bitsandbytes to store it in the compute dtype (bnb_4bit_quant_storage), which trainplan does not "
+                    "plan, and ZeRO-1/2 step the 16-bit parameters DeepSpeed expects")
+        return None
+
     # --- sizes
     @property
     def global_batch(self) -> int:
@@ -106,6 +121,12 @@ class Config(BaseModel):
     def grad_bytes(self) -> int:
         """Bytes per trainable parameter of the gradients autograd produces (the weights' dtype)."""
         return self.weight_bytes()
+
+    def frozen_weight_bytes(self) -> int:
+        """Bytes per frozen parameter when adapters train: the 16-bit compute dtype under mixed or 16-bit precision
+        (peft's `cast_mixed_precision_params`, peft/utils/other.py), fp32 otherwise."""
+        info = PRECISION[self.precision]
+        return 2 if info.autocast or info.weight_bytes < FP32_BYTES else FP32_BYTES
 
     def master_bytes(self) -> int:
         """Bytes per trainable parameter a ZeRO engine adds for fp32 master weights (0 without)."""

@@ -166,3 +166,19 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
     if cfg.engine == DEEPSPEED:
         out["deepspeed"] = ds_config_path
     return out
+
+
+def peft_config(plan) -> dict | None:
+    """The adapters as the libraries take them (None for full fine-tuning): `lora_config`, peft's
+    `LoraConfig(**...)`; `bnb_config`, transformers' `BitsAndBytesConfig(**...)` for loading a QLoRA base (its compute
+    dtype the plan's 16-bit one); `mixed_precision_cast`, whether frozen weights go to that 16-bit dtype and
+    trainable ones to fp32 (what `LoadedPlan.prepare` does)."""
+    from planner.models.adapters import Adapter
+
+    adapter = Adapter.from_json(plan.model.adapter)
+    if adapter is None:
+        return None
+    info = PRECISION[plan.choice.config.precision]
+    half = info.autocast  # "bfloat16" / "float16", None for fp32
+    return {"lora_config": adapter.lora_kwargs(plan.model.task), "bnb_config": adapter.bnb_kwargs(half or "bfloat16"),
+            "mixed_precision_cast": half}

@@ -13,8 +13,8 @@ from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, 
 from planner.suggest import suggestions
 from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
-    ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE,
-    LR_SCALING, MEMORY_METHOD, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES,
+    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE,
+    LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES,
 )
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
@@ -34,9 +34,10 @@ def plan(
     lr_scaling: str = AUTO, memory_method: str = AUTO_METHOD, measure: Callable | None = None,
     trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
     progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
-    host_memory: int | None = None,
+    host_memory: int | None = None, task: str | None = None, num_labels: int | None = None, adapter=None,
 ) -> Plan:
-    """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError."""
+    """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError.
+    `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model."""
     from planner.models import resolve_model
 
     _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory)
@@ -44,11 +45,12 @@ def plan(
     offloads = _offloads(offload)
     hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory)  # cheap: fail fast on a bad --gpu
     gpu_entry = hw.lookup_gpu(hardware.gpu)
-    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    resolved = resolve_model(model, trust_remote_code=trust_remote_code, task=task, num_labels=num_labels,
+                             adapter=adapter)
     world = hardware.gpus_per_node * hardware.nodes
     s = _sequence(seq_len, resolved.spec)
     space = _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads,
-                   micro_batch, engine, attention, optimizer)
+                   micro_batch, engine, attention, optimizer, resolved.spec.adapter)
     evaluation = Evaluation(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                             gpus_per_node=hardware.gpus_per_node, gpu=gpu_entry)
     evaluator = MemoryEvaluator(evaluation, memory_method)
@@ -57,13 +59,16 @@ def plan(
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
     notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0])
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)
-    draft = Plan(model=ModelInfo.of(resolved.spec, s), hardware=hardware, seq_len=s, optimizer=optimizer,
-                 attention=attention, choice=ranked[0], candidates=tuple(ranked), lr=_lr(ranked[0], *lr_args)[0],
+    draft = Plan(model=ModelInfo.of(resolved.spec, s, resolved.adapter), hardware=hardware, seq_len=s,
+                 optimizer=optimizer, attention=attention, choice=ranked[0], candidates=tuple(ranked),
+                 lr=_lr(ranked[0], *lr_args)[0],
                  notes=notes)
     if not ranked[0].fits:
         raise NoFitError(f"no configuration of {resolved.spec.name} fits {world} x {gpu_entry.name} at global batch "
                          f"{global_batch}, sequence {s}", suggestions=suggestions(draft, evaluator, gpu_entry),
                          plan=draft)
+    if measure is not None and ADAPTER[resolved.spec.adapter].quantized_base:
+        measure, draft = None, draft.model_copy(update={"notes": draft.notes + (QLORA_NOT_PROBED,)})
     if measure is not None:
         from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 
@@ -71,6 +76,11 @@ def plan(
         draft = refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s,
                                          estimate=evaluator.estimate)
     return _with_learning_rates(draft, lr_args)
+
+
+#: A probe builds the model with random weights, and bitsandbytes quantises a checkpoint as transformers loads it.
+QLORA_NOT_PROBED = ("QLoRA plans are not probed: the probe's model has random weights, which bitsandbytes does not "
+                    "quantise (it quantises a checkpoint as it loads it); the plan is the model's.")
 
 
 def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch,
@@ -122,7 +132,7 @@ def _offloads(offload: bool | str) -> tuple[str, ...]:
 
 
 def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads, micro_batch,
-           engine, attention, optimizer) -> SearchSpace:
+           engine, attention, optimizer, adapter=NO_ADAPTER) -> SearchSpace:
     if global_batch % world:
         low, high = nearest_valid_batches(global_batch, world)
         raise InputError(f"global batch {global_batch} is not divisible by {world} GPUs", flag="--batch",
@@ -134,7 +144,7 @@ def _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, z
         global_batch=global_batch, world_size=world, gpus_per_node=hardware.gpus_per_node,
         precisions=_precisions(precision, gpu_entry, attention), checkpointing=tuple(CHECKPOINTING) if checkpointing is None
         else (checkpointing,), zero_stages=_zero_stages(zero_stage, world, offloads, engine), offloads=offloads,
-        micro_batch=micro_batch, engine=engine, optimizer=optimizer)
+        micro_batch=micro_batch, engine=engine, optimizer=optimizer, adapter=adapter)
 
 
 def _moe_note(spec, choice) -> tuple[str, ...]:

@@ -5,10 +5,12 @@
     model = plan.prepare(model)          # what Trainer arguments cannot say
     args = plan.training_arguments()     # a transformers.TrainingArguments from training_args.json
 
-`prepare` applies the attention implementation the plan was made for, the parameter dtype (bf16-true trains 16-bit
-weights with no autocast) and the checkpointing policy (selective is the per-op policy the memory model traced,
-planner.memory.step; the Trainer's `gradient_checkpointing` flag can only say "full"). Under FSDP, full
-checkpointing is FSDP's own (the accelerate config says so), so `prepare` leaves it to FSDP.
+`prepare` checks the model has the head the plan was made for, and applies the attention implementation the plan was
+made for, the parameter dtype (bf16-true trains 16-bit weights with no autocast), LoRA / QLoRA adapters through peft
+(`bnb_config()` gives the BitsAndBytesConfig to load a QLoRA base with) and the checkpointing policy (selective is
+the per-op policy the memory model traced, planner.memory.step; the Trainer's `gradient_checkpointing` flag can only
+say "full"). Under FSDP, full checkpointing is FSDP's own (the accelerate config says so), so `prepare` leaves it to
+FSDP.
 """
 
 from __future__ import annotations
@@ -47,12 +49,44 @@ class LoadedPlan:
     def optimizer(self) -> str:
         return self.data["optimizer"]
 
+    @property
+    def adapter(self):
+        """The LoRA / QLoRA adapter planned (planner.models.adapters.Adapter), or None."""
+        from planner.models.adapters import Adapter
+
+        return Adapter.from_json(self.data["model"].get("adapter"))
+
+    def model_config(self, config):
+        """`config` as the plan's model: its head class and labels where the plan asked for another head
+        (`plan --task`), as `plan` built it."""
+        from planner.models.adapters import with_task
+        from planner.vocab import CLASS_LABELS, TASK, TOKEN_LABELS
+
+        model = self.data["model"]
+        own = (getattr(config, "architectures", None) or [None])[0]
+        task = model["task"] if model.get("architecture") and model["architecture"] != own else None
+        classifier = model["task"] in TASK and TASK[model["task"]].labels in (CLASS_LABELS, TOKEN_LABELS)
+        return with_task(config, task, (model.get("num_labels") or None) if classifier else None)
+
+    def bnb_config(self):
+        """A transformers BitsAndBytesConfig to load a QLoRA plan's base with (None otherwise):
+        `AutoModelFor...from_pretrained(name, quantization_config=plan.bnb_config())`."""
+        adapter = self.adapter
+        if adapter is None or not adapter.quantized:
+            return None
+        from transformers import BitsAndBytesConfig
+
+        half = PRECISION[self.choice.precision].autocast or "bfloat16"
+        return BitsAndBytesConfig(**adapter.bnb_kwargs(half))
+
     def prepare(self, model):
-        """Apply to `model` what the plan assumed and the Trainer's arguments cannot express; returns the model."""
+        """Apply to `model` what the plan assumed and the Trainer's arguments cannot express; returns the model
+        (a peft PeftModel for LoRA / QLoRA plans)."""
         from planner.memory.step import enable_checkpointing
         from planner.models.build import effective_attention
 
         cfg = self.choice
+        self._check_head(model)
         kernel = ATTENTION[effective_attention(model.config, self.attention)].transformers
         if getattr(model.config, "_attn_implementation", None) != kernel and hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(kernel)
@@ -65,7 +99,28 @@ class LoadedPlan:
             enable_checkpointing(model, cfg.checkpointing)
         if cfg.engine == DEEPSPEED and cfg.zero_stage == 3:
             _moe_leaves(model)
-        return model
+        return self._with_adapter(model)
+
+    def _check_head(self, model) -> None:
+        """The plan's memory and speed are those of its head class: another head is a different program."""
+        planned = self.data["model"].get("architecture")
+        got = type(getattr(model, "get_base_model", lambda: model)()).__name__
+        if planned and got != planned:
+            raise InputError(f"the plan was made for {planned}, this model is a {got}", flag="--task",
+                             hint=f"Load the model as {planned}, or plan again with the head you train.")
+
+    def _with_adapter(self, model):
+        """LoRA / QLoRA as planned: peft's adapters on the plan's targets, with the frozen base in the 16-bit compute
+        dtype and the adapters in fp32 under mixed precision (as the memory model traced it)."""
+        adapter = self.adapter
+        if adapter is None or hasattr(model, "peft_config"):  # full fine-tuning, or adapters the user added already
+            return model
+        import torch
+
+        from planner.models.adapters import apply_adapter
+
+        half = PRECISION[self.choice.precision].autocast
+        return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
 
     def training_arguments_dict(self, **overrides) -> dict:
         """training_args.json with `overrides` applied."""

@@ -50,12 +50,26 @@ def legend(mem) -> Text:
     return text
 
 
+def _trained(m) -> list[str]:
+    """What trains, where it is not simply every parameter of the config's own head."""
+    head = f"{m.task} head ({m.architecture}" + (f", {m.num_labels} labels)" if m.task.endswith("cls") else ")")
+    if m.adapter is None and m.trainable_parameters == m.parameters:
+        return [head] if m.task.endswith("cls") else []
+    share = f"{m.trainable_parameters / 1e6:.3g}M trainable ({m.trainable_parameters / m.parameters:.2%})"
+    if m.adapter is None:
+        return [f"{head}; {share}, the rest frozen"]
+    from planner.models.adapters import Adapter
+
+    return [f"{head}; {Adapter.from_json(m.adapter).label()}: {share}"]
+
+
 def summary(plan) -> Panel:
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg, tp = c.config, c.throughput
     lines = [
         f"[bold]{m.name}[/]  {m.parameters / 1e9:.3g}B params, {m.layers} layers, hidden {m.hidden}, "
         f"vocab {m.vocab}, seq {plan.seq_len}",
+        *_trained(m),
         f"[bold]{h.nodes} x {h.gpus_per_node} x {h.gpu}[/] ({gib(h.gpu_memory_bytes)} each"
         f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom; "
         f"host RAM {gib(h.host_memory_bytes)} per node, {h.host_memory_source})",

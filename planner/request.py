@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from planner.errors import InputError
 from planner.vocab import (
-    AUTO, AUTO_METHOD, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, PRECISION, SDPA, Attention, Checkpointing,
+    ADAPTER, AUTO, AUTO_METHOD, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, NO_ADAPTER, PRECISION, SDPA, AdapterMethod,
+    Attention, Checkpointing, TaskChoice,
     LRScaling, Offload, MemoryMethod, Optimizer, ShardingEngine,
 )
 
@@ -32,7 +33,7 @@ LIMITS = Limits()
 
 #: pydantic field -> the flag a user types, for error messages
 FLAGS = {"global_batch": "--batch", "lr_batch": "--lr-batch", "memory_method": "--memory-method",
-         "host_memory_gb": "--host-memory"}
+         "host_memory_gb": "--host-memory", "double_quant": "--no-double-quant"}
 
 
 class PlanRequest(BaseModel):
@@ -62,6 +63,14 @@ class PlanRequest(BaseModel):
     memory_method: MemoryMethod = AUTO_METHOD
     engine: ShardingEngine = DEFAULT_SHARDING_ENGINE
     trust_remote_code: bool = False
+    task: TaskChoice = AUTO
+    num_labels: int | None = Field(default=None, gt=0, le=1_000_000)
+    peft: AdapterMethod = NO_ADAPTER
+    lora_rank: int | None = Field(default=None, gt=0, le=4096)
+    lora_alpha: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    lora_targets: str | None = None
+    lora_dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
+    double_quant: bool = True
 
     @field_validator("model")
     @classmethod
@@ -70,11 +79,32 @@ class PlanRequest(BaseModel):
             raise ValueError("empty model name")
         return value.strip()
 
+    def adapter(self):
+        """The LoRA / QLoRA adapter asked for (planner.models.adapters.Adapter), or None; LoRA flags without
+        --peft are an InputError."""
+        from planner.models.adapters import Adapter
+
+        lora = {"--lora-rank": self.lora_rank, "--lora-alpha": self.lora_alpha, "--lora-targets": self.lora_targets,
+                "--lora-dropout": self.lora_dropout, "--no-double-quant": None if self.double_quant else False}
+        if self.peft == NO_ADAPTER:
+            given = next((flag for flag, value in lora.items() if value is not None), None)
+            if given:
+                raise InputError("applies to adapters", flag=given, hint="Add --peft lora (or --peft qlora).")
+            return None
+        if not self.double_quant and not ADAPTER[self.peft].quantized_base:
+            raise InputError("applies to QLoRA's 4-bit base", flag="--no-double-quant", hint="Add --peft qlora.")
+        fields = {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
+                  "targets": Adapter.parse_targets(self.lora_targets) if self.lora_targets is not None else None}
+        return Adapter(method=self.peft, double_quant=self.double_quant,
+                       **{k: v for k, v in fields.items() if v is not None})
+
     def plan_kwargs(self) -> dict:
-        data = self.model_dump()
+        adapter = self.adapter()
+        data = self.model_dump(exclude={"peft", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout",
+                                        "double_quant"})
         model = data.pop("model")
         gb = data.pop("host_memory_gb")
-        return {"model": model, **data, "host_memory": None if gb is None else int(gb * 1e9)}
+        return {"model": model, **data, "host_memory": None if gb is None else int(gb * 1e9), "adapter": adapter}
 
 
 def build_request(**flags) -> PlanRequest:

@@ -21,7 +21,8 @@ from planner.memory import states
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.types import Candidate, ThroughputInfo
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, NO_ADAPTER, OFFLOAD, PRECISION, TRACE,
+    UNSHARDED_ENGINE,
 )
 
 
@@ -37,6 +38,7 @@ class SearchSpace:
     micro_batch: int | None = None
     engine: str = DEFAULT_SHARDING_ENGINE
     optimizer: str = DEFAULT_OPTIMIZER
+    adapter: str = NO_ADAPTER                 # what trains (`vocab.ADAPTER`)
 
 
 def divisors(n: int) -> list[int]:
@@ -76,7 +78,8 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
                 configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, world_size=space.world_size,
                                   precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off, engine=engine)
                            for mb in mbs for ckpt in space.checkpointing]
-                out += [c for c in configs if not c.optimizer_problem(space.optimizer)]
+                out += [c for c in configs
+                        if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
     return out
 
 
@@ -91,7 +94,7 @@ def why_empty(space: SearchSpace) -> str:
                                     checkpointing=space.checkpointing[0], zero_stage=zero, offload=off, engine=engine)
                 except ValueError as err:
                     return str(err)
-                problem = cfg.optimizer_problem(space.optimizer)
+                problem = cfg.optimizer_problem(space.optimizer) or cfg.adapter_problem(space.adapter)
                 if problem:
                     return problem
     return "the pinned options leave no configuration to plan"

@@ -14,7 +14,7 @@ clipping, communication the backward does not hide, offload traffic and CPU Adam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict
 
@@ -83,8 +83,25 @@ def matmul_parameters(spec: ModelSpec) -> int:
 
 
 def flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
-    """Model FLOPs per token as (dense, attention), for MFU: 6N and 12·L·h·s (PaLM appendix B)."""
-    return 6.0 * matmul_parameters(spec), 12.0 * spec.layers * spec.hidden * seq_len
+    """Model FLOPs per token as (dense, attention), for MFU: 6N and 12·L·h·s (PaLM appendix B). Frozen weights
+    (adapters training) skip their weight-gradient matmuls: 4 FLOPs per frozen matmul parameter, not 6."""
+    matmul = matmul_parameters(spec)
+    frozen = max(0, matmul - spec.trainable_parameters)
+    return 6.0 * matmul - 2.0 * frozen, 12.0 * spec.layers * spec.hidden * seq_len
+
+
+#: QLoRA dequantises each 4-bit weight to the compute dtype before its matmul, in the forward and again for the
+#: backward's input gradient (bitsandbytes/autograd/_functions.py `MatMul4Bit.forward` / `.backward`:
+#: `F.dequantize_4bit(B, quant_state)` then a 16-bit matmul); a checkpointed forward dequantises once more.
+DEQUANTIZE_PASSES = 2
+
+
+def dequantize_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:
+    """One micro-step's 4-bit dequantisation: each pass reads the packed weights and writes a 16-bit copy."""
+    if not spec.quantized_parameters:
+        return 0.0
+    passes = DEQUANTIZE_PASSES + int(CHECKPOINTING[cfg.checkpointing].enabled)
+    return passes * (spec.quantized_bytes + 2 * spec.quantized_parameters) / bandwidth(gpu, eff)
 
 
 def compute_dtype(precision: str, half: bool) -> str:
@@ -238,6 +255,7 @@ def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_
     """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`."""
     blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
     micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff, blocks)
+    micro = replace(micro, gpu_s=micro.gpu_s + dequantize_seconds(spec, cfg, gpu, eff))
     backward = micro.seconds * _backward_share(profile)
     compute = cfg.grad_accum * micro.seconds
     opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)

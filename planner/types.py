@@ -93,10 +93,14 @@ class ModelInfo(BaseModel):
     task: str
     has_batchnorm: bool
     layer_class: str
+    num_labels: int = 0
+    #: LoRA / QLoRA settings (planner.models.adapters.Adapter.to_json()); None: every parameter trains
+    adapter: dict | None = None
 
     @classmethod
-    def of(cls, spec, seq_len: int) -> "ModelInfo":
-        return cls(seq_len=seq_len, **{name: getattr(spec, name) for name in cls.model_fields if name != "seq_len"})
+    def of(cls, spec, seq_len: int, adapter=None) -> "ModelInfo":
+        fields = {name: getattr(spec, name) for name in cls.model_fields if name not in ("seq_len", "adapter")}
+        return cls(seq_len=seq_len, adapter=adapter.to_json() if adapter is not None else None, **fields)
 
 
 class Measurement(BaseModel):
@@ -222,6 +226,10 @@ class Plan(BaseModel):
     def to_training_args(self, **kwargs) -> dict:
         from planner.export import training_args
         return training_args(self, **kwargs)
+
+    def to_peft(self) -> dict | None:
+        from planner.export import peft_config
+        return peft_config(self)
 
 
 def _config_json(c: Config) -> dict:

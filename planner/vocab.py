@@ -104,6 +104,9 @@ OPTIMIZER: dict[str, OptimizerInfo] = {
                                torch_class="Adafactor", factored=True),
     "adamw-8bit": OptimizerInfo("bitsandbytes AdamW8bit: two uint8 states", 2, "sqrt", "adamw_bnb_8bit",
                                 adam_betas=True, follows_weights=False),
+    "paged-adamw-8bit": OptimizerInfo("bitsandbytes PagedAdamW8bit: AdamW8bit with states in CUDA unified memory, "
+                                      "paged to the host under memory pressure (QLoRA's optimizer)", 2, "sqrt",
+                                      "paged_adamw_8bit", adam_betas=True, follows_weights=False),
     "lion": OptimizerInfo("Lion: sign update, one momentum state (bitsandbytes on the torch engine)", 4, "sqrt",
                           "lion_32bit", deepspeed="Lion"),
 }
@@ -231,21 +234,55 @@ class TaskInfo:
     class_suffixes: tuple[str, ...]   # transformers head classes of this task end with one of these
     lm_head: bool                     # logits over the vocabulary (vs. a few labels)
     labels: str                       # what the loss compares with: tokens | class | token-class | none
+    #: the transformers auto mapping that names this task's head class per model type
+    #: (transformers/models/auto/modeling_auto.py), None where `--task` cannot ask for it
+    auto_mapping: str | None = None
+    peft_task: str | None = None      # peft's TaskType (peft/utils/peft_types.py), None: a plain LoraModel
 
 
 #: What a model is trained to do, read from its head class (one place for the suffix lists).
 TASK: dict[str, TaskInfo] = {
-    "causal-lm": TaskInfo("next-token prediction", ("ForCausalLM", "LMHeadModel"), True, "tokens"),
-    "seq2seq": TaskInfo("encoder-decoder generation", ("ForConditionalGeneration", "ForSeq2SeqLM"), True, "tokens"),
-    "masked-lm": TaskInfo("masked-token prediction", ("ForMaskedLM", "ForPreTraining"), True, "tokens"),
-    "seq-cls": TaskInfo("a label per sequence", ("ForSequenceClassification",), False, "class"),
-    "token-cls": TaskInfo("a label per token", ("ForTokenClassification",), False, "token-class"),
+    "causal-lm": TaskInfo("next-token prediction", ("ForCausalLM", "LMHeadModel"), True, "tokens",
+                          "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "CAUSAL_LM"),
+    "seq2seq": TaskInfo("encoder-decoder generation", ("ForConditionalGeneration", "ForSeq2SeqLM"), True, "tokens",
+                        "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "SEQ_2_SEQ_LM"),
+    "masked-lm": TaskInfo("masked-token prediction", ("ForMaskedLM", "ForPreTraining"), True, "tokens",
+                          "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "seq-cls": TaskInfo("a label per sequence", ("ForSequenceClassification",), False, "class",
+                        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "SEQ_CLS"),
+    "token-cls": TaskInfo("a label per token", ("ForTokenClassification",), False, "token-class",
+                          "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "TOKEN_CLS"),
     "other": TaskInfo("a base model or head without a known loss (trained on the mean of its output)", (), False,
                       "none"),
 }
 Task = Literal[tuple(TASK)]  # type: ignore[valid-type]
 OTHER_TASK = "other"
 TOKEN_LABELS = "token-class"
+#: `--task` values: the model's own head (`architectures[0]`), or a task whose head transformers has for it
+TASK_CHOICES = (AUTO, *(task for task, info in TASK.items() if info.auto_mapping))
+TaskChoice = Literal[TASK_CHOICES]  # type: ignore[valid-type]
+CLASS_LABELS = "class"
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    doc: str
+    trains_adapters: bool       # the base is frozen and low-rank adapters train (peft)
+    quantized_base: bool        # the frozen base's linear weights are stored 4-bit (bitsandbytes NF4)
+
+
+#: What trains: the whole model, or adapters on a frozen (and maybe 4-bit) base.
+ADAPTER: dict[str, AdapterInfo] = {
+    "none": AdapterInfo("full fine-tuning: every parameter trains", False, False),
+    "lora": AdapterInfo("LoRA (Hu et al. 2021, arXiv 2106.09685) through peft: rank-r adapters on the chosen linears, "
+                        "the base frozen in the 16-bit compute dtype", True, False),
+    "qlora": AdapterInfo("QLoRA (Dettmers et al. 2023, arXiv 2305.14314): LoRA over a base whose linear weights "
+                         "bitsandbytes stores in 4-bit NF4", True, True),
+}
+AdapterMethod = Literal[tuple(ADAPTER)]  # type: ignore[valid-type]
+NO_ADAPTER = "none"
+#: `--lora-targets` value for every linear layer but the output head (peft's `INCLUDE_LINEAR_LAYERS_SHORTHAND`)
+ALL_LINEAR = "all-linear"
 
 
 def task_of_class(class_name: str) -> str:

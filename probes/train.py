@@ -54,7 +54,7 @@ def model_config(plan, trust_remote_code: bool):
     with ZeRO-3 they make every model built afterwards go through deepspeed.zero.Init."""
     from planner.models import resolve_model
 
-    return resolve_model(plan.model_name, trust_remote_code=trust_remote_code).config
+    return plan.model_config(resolve_model(plan.model_name, trust_remote_code=trust_remote_code).config)
 
 
 def build_model(plan, config, trust_remote_code: bool):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.models.spec import ModelSpec
-from planner.vocab import ACTIVATIONS, CHECKPOINTING, KERNEL
+from planner.vocab import ACTIVATIONS, ADAPTER, CHECKPOINTING, KERNEL
 
 MASK_BYTES = 1          # torch.bool dropout masks
 LSE_BYTES = 4           # flash/mem-efficient attention's fp32 log-sum-exp per (head, position)
@@ -93,6 +93,9 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
     logits = tokens * spec.logit_width * logits_bytes
     embeddings = w.residual * spec.hidden * tokens
     autocast_copies = ACTIVATIONS[activations].autocast and not ACTIVATIONS[activations].half_weights
-    copies = 2 * (spec.parameters - spec.embedding_parameters) if autocast_copies else 0
+    # autocast casts fp32 weights; with adapters only the trainable ones are fp32 (the frozen base is 16-bit)
+    cast = spec.trainable_parameters if ADAPTER[spec.adapter].trains_adapters else (
+        spec.parameters - spec.embedding_parameters)
+    copies = 2 * cast if autocast_copies else 0
     return {"blocks": int(blocks), "logits_and_loss": int(logits), "embeddings": int(embeddings),
             "autocast_weight_copies": int(copies)}

@@ -13,7 +13,8 @@ from planner.memory.gpu import ACTIVATION_MARGIN, ANALYTIC_SLACK_FRACTION, state
 from planner.memory.kernels import attention_kernel
 from planner.memory.trace import TraceRequest, trace_activations
 from planner.vocab import (
-    ACTIVATIONS, ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
+    ACTIVATIONS, ADAPTER, ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER,
+    DEFAULT_PRECISION,
     ESTIMATE, KERNEL, LABELS_OBJECTIVE, MEMORY_METHOD, NO_CHECKPOINTING, NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER,
     SDPA, TORCH, TRACE, Attention, EstimateMethod,
 )
@@ -141,18 +142,22 @@ def estimate_memory(
     optimizer: str = DEFAULT_OPTIMIZER, checkpointing: str = NO_CHECKPOINTING, zero_stage: int = 0, offload: str = NO_OFFLOAD,
     world_size: int = 1, gpus_per_node: int | None = None, attention: str = SDPA, device: str = "cuda",
     gpu: str | None = None, grad_accum: int = 1, method: str = AUTO_METHOD, trust_remote_code: bool = False,
-    engine: str | None = None, objective: str = LABELS_OBJECTIVE,
+    engine: str | None = None, objective: str = LABELS_OBJECTIVE, task: str | None = None,
+    num_labels: int | None = None, adapter=None,
 ) -> MemoryEstimate:
     """Per-GPU memory of one training configuration (see the README's library section).
 
     `method`: "trace" runs the model's step under FakeTensorMode (exact for what HF code saves), "analytic" uses
     formulas (< 0.1 s), "auto" traces unless the model cannot be traced. `gpu` (a catalog name) checks that the GPU
     can run the precision and attention kernel asked for, and picks the kernel and overheads it has. `objective`
-    "sum" starts the backward from the output's sum instead of the head's loss (as some benchmarks do).
+    "sum" starts the backward from the output's sum instead of the head's loss (as some benchmarks do). `task` and
+    `num_labels` give the model another head (`vocab.TASK_CHOICES`); `adapter` (planner.Adapter) trains LoRA or
+    QLoRA adapters over the frozen model.
     """
     from planner.models import resolve_model
 
-    resolved = resolve_model(model, trust_remote_code=trust_remote_code)
+    resolved = resolve_model(model, trust_remote_code=trust_remote_code, task=task, num_labels=num_labels,
+                             adapter=adapter)
     _check(micro_batch, seq_len, checkpointing, attention, device, method, world_size, grad_accum)
     if optimizer not in OPTIMIZER:
         raise InputError(f"unknown optimizer {optimizer!r}", flag="--optimizer",
@@ -212,9 +217,11 @@ class Evaluation:
 
     def states(self, cfg: Config) -> states.ModelStates:
         spec = self.resolved.spec
+        frozen = spec.frozen_bytes(cfg.frozen_weight_bytes()) if ADAPTER[spec.adapter].trains_adapters else None
         return states.states_for(cfg, spec.parameters, spec.trainable_parameters, self.optimizer,
                                  gpus_per_node=self.gpus_per_node, largest_layer=spec.largest_layer_parameters,
-                                 adafactor_elements=self.adafactor_elements(), block_parameters=spec.block_parameters)
+                                 adafactor_elements=self.adafactor_elements(), block_parameters=spec.block_parameters,
+                                 frozen_bytes=frozen)
 
     def adafactor_elements(self) -> int:
         if not OPTIMIZER[self.optimizer].factored:
@@ -223,7 +230,8 @@ class Evaluation:
             from planner.models.build import build_meta
 
             resolved = self.resolved
-            model = resolved.module or build_meta(resolved.config, trust_remote_code=resolved.trust_remote_code)
+            model = resolved.module or build_meta(resolved.config, trust_remote_code=resolved.trust_remote_code,
+                                                  adapter=resolved.adapter)
             self._adafactor = states.adafactor_state_elements(
                 tuple(p.shape) for p in model.parameters() if p.requires_grad)
         return self._adafactor
@@ -245,7 +253,8 @@ class Evaluation:
         return TraceRequest(
             micro_batch=cfg.micro_batch, seq_len=self.seq_len, activations=family, checkpointing=cfg.checkpointing,
             attention=kernel, attention_dropout=KERNEL[kernel].saves_scores and spec.attention_dropout > 0,
-            objective=self.objective, grads_allocated=cfg.grad_accum > 1 or cfg.sharded, autocast_device=self.device)
+            objective=self.objective, grads_allocated=cfg.grad_accum > 1 or cfg.sharded, autocast_device=self.device,
+            adapter=self.resolved.adapter)
 
     def activations(self, cfg: Config, method: str) -> tuple[int, EstimateMethod]:
         """Activation bytes of one micro-batch and the method that produced them. Optimizer states and

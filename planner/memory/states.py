@@ -48,6 +48,23 @@ DS_CPU_ACCUMULATION_BYTES = 2
 #: (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: forward prefetch of one group, backward likewise).
 FSDP_GATHERED_BLOCKS = 2
 
+#: bitsandbytes NF4 storage (bitsandbytes 0.50 functional.py `quantize_4bit`): two 4-bit codes per uint8 byte; one
+#: absmax per block of 64 elements (blocksize None -> 64), fp32; with double quantisation (`compress_statistics`)
+#: the absmax values, less their mean (one fp32 offset), are themselves quantised to uint8 in blocks of 256
+#: (`quantize_blockwise(_absmax - offset, blocksize=256)`) with one fp32 absmax per such block. Checked on a real
+#: 4096 x 11008 tensor: 0.5625 and 0.51589 bytes per element, against 0.5625 and 0.51587 here (the rest is each
+#: tensor's 64-byte NF4 code).
+NF4_BLOCK = 64
+NF4_SECOND_BLOCK = 256
+
+
+def nf4_bytes(elements: int, double_quant: bool) -> int:
+    """Bytes bitsandbytes keeps for `elements` weights in 4-bit NF4 (QLoRA's base)."""
+    blocks = math.ceil(elements / NF4_BLOCK)
+    if not double_quant:
+        return math.ceil(elements / 2) + FP32_BYTES * blocks
+    return math.ceil(elements / 2) + blocks + FP32_BYTES * (math.ceil(blocks / NF4_SECOND_BLOCK) + 1)
+
 
 @dataclass(frozen=True)
 class ModelStates:
@@ -111,15 +128,20 @@ def model_states(
 
 
 def states_for(cfg: Config, parameters: int, trainable: int, optimizer: str, *, gpus_per_node: int | None = None,
-               largest_layer: int = 0, adafactor_elements: int = 0, block_parameters: int = 0) -> ModelStates:
-    """Per-GPU model states of `cfg` (see the module docstring for each engine)."""
+               largest_layer: int = 0, adafactor_elements: int = 0, block_parameters: int = 0,
+               frozen_bytes: int | None = None) -> ModelStates:
+    """Per-GPU model states of `cfg` (see the module docstring for each engine). `frozen_bytes`: the frozen
+    parameters' bytes as stored when adapters train (a 16-bit or 4-bit base, `ModelSpec.frozen_bytes`); None: every
+    parameter in the working width. DeepSpeed keeps all weights 16-bit either way."""
     optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements, cfg.state_width())
     if not cfg.sharded:
-        return ModelStates(parameters=parameters * cfg.weight_bytes(), gradients=trainable * cfg.grad_bytes(),
-                           optimizer_states=optim)
+        weights = parameters * cfg.weight_bytes() if frozen_bytes is None else (
+            trainable * cfg.weight_bytes() + frozen_bytes)
+        return ModelStates(parameters=weights, gradients=trainable * cfg.grad_bytes(), optimizer_states=optim)
     per_node = gpus_per_node or cfg.world_size
     if cfg.engine == FSDP:
-        return _fsdp_states(cfg, parameters, trainable, optim, per_node, block_parameters or largest_layer)
+        return _fsdp_states(cfg, parameters, trainable, optim, per_node, block_parameters or largest_layer,
+                            frozen_bytes)
     return _deepspeed_states(cfg, parameters, trainable, optim, per_node, largest_layer)
 
 
@@ -156,7 +178,7 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
                        host_tensors=int(host))
 
 
-def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block) -> ModelStates:
+def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block, frozen_bytes=None) -> ModelStates:
     """FSDP2 (`fully_shard`): each rank keeps its shard of the fp32 parameters, of their gradients and of the
     optimizer states; the working copy (16-bit under a MixedPrecisionPolicy) is all-gathered per block. FULL_SHARD
     (stage 3) frees a block's gathered weights after its forward and backward, so about two blocks live
@@ -164,7 +186,8 @@ def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block
     to the backward. CPU offload (CPUOffloadPolicy) keeps the shards and the optimizer step in host memory
     (torch/distributed/fsdp/_fully_shard/_fully_shard.py, `fully_shard` docstring)."""
     world, width = cfg.world_size, cfg.weight_bytes()
-    shard = FP32_BYTES * parameters // world
+    stored = FP32_BYTES * parameters if frozen_bytes is None else FP32_BYTES * trainable + frozen_bytes
+    shard = stored // world
     gathered = FSDP_GATHERED_BLOCKS * block * width if cfg.zero_stage == 3 else parameters * width
     grads = FP32_BYTES * trainable // world
     optim = optim_fp32 // world

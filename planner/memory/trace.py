@@ -112,6 +112,8 @@ class TraceRequest:
     #: whose autocast op lists the traced step follows: "cuda" applies CUDA's (planner/memory/autocast.py) to the
     #: CPU trace, "cpu" keeps CPU autocast's
     autocast_device: str = "cpu"
+    #: LoRA / QLoRA adapters peft injects (planner.models.adapters.Adapter); None trains the whole model
+    adapter: object = None
 
     @property
     def half_weights(self) -> bool:
@@ -306,7 +308,10 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
     from planner.models.build import build_meta
 
     cfg = _prepare_config(config, layers, req)
-    model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32)
+    # adapters under autocast: the frozen base in 16 bits, the adapters in fp32 (planner/models/adapters.py)
+    mixed = torch.bfloat16 if req.adapter is not None and req.autocast and not req.half_weights else None
+    model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
+                       adapter=req.adapter, mixed_dtype=mixed)
     tracker = LiveStorageTracker()
     recorder = OpRecorder(req.micro_batch, req.seq_len)
     with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions():

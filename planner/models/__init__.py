@@ -34,22 +34,50 @@ class ResolvedModel:
     config: Any
     module: Any = None
     trust_remote_code: bool = False
+    adapter: Any = None          # planner.models.adapters.Adapter: LoRA / QLoRA trained over the frozen model
 
 
-def resolve_model(source, *, trust_remote_code: bool = False) -> ResolvedModel:
+def resolve_model(source, *, trust_remote_code: bool = False, task: str | None = None, num_labels: int | None = None,
+                  adapter=None) -> ResolvedModel:
+    """The model to plan for. `task` (`vocab.TASK_CHOICES`) and `num_labels` replace the config's head; `adapter`
+    (planner.models.adapters.Adapter) trains LoRA / QLoRA adapters over the frozen model instead of all of it."""
     from transformers import PretrainedConfig
 
     if isinstance(source, ResolvedModel):
         return source
+    changes = (task not in (None, "auto")) or num_labels is not None or adapter is not None
+    if _is_module(source):
+        if changes:
+            raise InputError("a model passed as a module is planned as it is", flag="--task",
+                             hint="Pass its config to plan another head or adapters, or apply them to the module.")
+        return _from_module(source)
     if isinstance(source, PretrainedConfig):
         name = getattr(source, "_name_or_path", "") or source.model_type
-        return _from_config(source, name=name, origin="config", trust=trust_remote_code)
-    if _is_module(source):
-        return _from_module(source)
-    if not isinstance(source, (str, os.PathLike)):
+        resolved = _from_config(source, name=name, origin="config", trust=trust_remote_code)
+    elif isinstance(source, (str, os.PathLike)):
+        resolved = _from_string(str(source), trust_remote_code)
+    else:
         raise InputError(f"cannot read a model from a {type(source).__name__}", flag="--model",
                          hint="Pass a hub id, a folder with config.json, a PretrainedConfig or a transformers model.")
-    return _from_string(str(source), trust_remote_code)
+    return _trained_as(resolved, task, num_labels, adapter) if changes else resolved
+
+
+def _trained_as(resolved: ResolvedModel, task, num_labels, adapter) -> ResolvedModel:
+    """The resolved model with another head and/or adapters, counted on the meta model peft builds."""
+    from planner.models.adapters import quantized_linear_numel, with_task
+
+    config = with_task(resolved.config, task, num_labels)
+    base = build_meta(config, trust_remote_code=resolved.trust_remote_code)
+    quantized = quantized_linear_numel(base) if adapter is not None and adapter.quantized else 0
+    model = base
+    if adapter is not None:
+        from planner.models.adapters import apply_adapter
+        from planner.vocab import task_of_class
+
+        model = apply_adapter(base, adapter, task_of_class(type(base).__name__)).get_base_model()
+    spec = spec_from_model(model, config, name=resolved.spec.name, source=resolved.spec.source, adapter=adapter,
+                           quantized=quantized)
+    return ResolvedModel(spec=spec, config=config, trust_remote_code=resolved.trust_remote_code, adapter=adapter)
 
 
 def _is_module(obj) -> bool:

@@ -12,7 +12,7 @@ import json
 
 from planner.errors import InputError
 from planner.models.spec import ModelSpec
-from planner.vocab import EAGER, FLASH, SDPA
+from planner.vocab import EAGER, FLASH, NO_ADAPTER, SDPA
 
 # Auto classes tried, in order, when a config names no architecture.
 _FALLBACK_AUTO = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModel")
@@ -55,8 +55,11 @@ class _AutoFromConfig:
         return self.auto.from_config(config, trust_remote_code=True, **kwargs)
 
 
-def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = False, dtype=None):
-    """The model on the meta device: no memory, exact shapes. `layers` builds a truncated copy."""
+def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = False, dtype=None, adapter=None,
+               mixed_dtype=None):
+    """The model on the meta device: no memory, exact shapes. `layers` builds a truncated copy; `adapter`
+    (planner.models.adapters.Adapter) injects peft's LoRA, with frozen weights in `mixed_dtype` and trainable ones
+    in fp32 when given (mixed precision)."""
     import torch
 
     cfg = with_layers(config, layers) if layers is not None else copy.deepcopy(config)
@@ -64,6 +67,11 @@ def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = F
     with torch.device("meta"):
         model = cls._from_config(cfg, dtype=dtype or torch.float32)
         _untie_t5_v11_head(model, cfg)
+        if adapter is not None:
+            from planner.models.adapters import apply_adapter
+            from planner.vocab import task_of_class
+
+            model = apply_adapter(model, adapter, task_of_class(type(model).__name__), mixed_dtype).get_base_model()
     return model
 
 
@@ -187,14 +195,14 @@ def _position(config) -> str:
     return "learned"
 
 
-def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
-    """Counts from the (meta) module, shapes from the config."""
+def spec_from_model(model, config, *, name: str, source: str, adapter=None, quantized: int = 0) -> ModelSpec:
+    """Counts from the (meta) module, shapes from the config; `adapter` (peft's LoRA in `model`), `quantized`: the
+    weights QLoRA stores in 4 bits."""
     import torch
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     params = list(model.parameters())
-    total = sum(p.numel() for p in params)
-    trainable = sum(p.numel() for p in params if p.requires_grad)
+    total, trainable = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
     hidden = int(_first(text, "hidden_size", "d_model", "n_embd"))
     heads = int(_first(text, "num_attention_heads", "n_head", "encoder_attention_heads"))
     max_pos = _first(text, "max_position_embeddings", "n_positions", "n_ctx")
@@ -235,4 +243,12 @@ def spec_from_model(model, config, *, name: str, source: str) -> ModelSpec:
         position=position, config_hash=config_hash(config),
         layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
         num_labels=int(getattr(config, "num_labels", 0) or 0),
+        **_adapter_fields(adapter, quantized),
     )
+
+
+def _adapter_fields(adapter, quantized: int) -> dict:
+    from planner.memory.states import nf4_bytes
+
+    return {"adapter": adapter.method if adapter is not None else NO_ADAPTER, "quantized_parameters": quantized,
+            "quantized_bytes": nf4_bytes(quantized, adapter.double_quant) if quantized else 0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.vocab import TASK, TOKEN_LABELS, Task, task_of_class
+from planner.vocab import NO_ADAPTER, TASK, TOKEN_LABELS, AdapterMethod, Task, task_of_class
 
 
 class ModelSpec(BaseModel):
@@ -45,6 +45,17 @@ class ModelSpec(BaseModel):
     layer_class: str = ""       # the repeated block's class (FSDP wraps it), from _no_split_modules
     config_hash: str = ""       # sha256 of the config's JSON, keys sorted (cache key)
     num_labels: int = 0         # classifier outputs (sequence / token classification heads)
+    adapter: AdapterMethod = NO_ADAPTER   # what trains (`vocab.ADAPTER`): all, or LoRA / QLoRA adapters
+    quantized_parameters: int = 0   # QLoRA: base weight elements bitsandbytes stores in 4 bits
+    quantized_bytes: int = 0        # ... and their bytes as stored (packed NF4 plus quantisation constants)
+
+    @property
+    def frozen_parameters(self) -> int:
+        return self.parameters - self.trainable_parameters
+
+    def frozen_bytes(self, width: int) -> int:
+        """Bytes of the frozen parameters: the 4-bit base as bitsandbytes stores it, the rest `width` bytes each."""
+        return self.quantized_bytes + (self.frozen_parameters - self.quantized_parameters) * width
 
     @property
     def head_dim(self) -> int:

@@ -1,0 +1,194 @@
+"""Task heads, LoRA and QLoRA: counted as peft counts them, traced as peft runs them, planned, emitted, applied."""
+
+from __future__ import annotations
+
+import json
+
+import peft
+import pytest
+import torch
+import transformers
+
+from emit import emit
+from planner import Adapter, estimate_memory, load_plan, plan
+from planner.errors import InputError
+from planner.memory.states import nf4_bytes
+from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
+from planner.memory.tracker import LiveStorageTracker
+from planner.models import resolve_model
+from planner.models.build import build_meta
+from planner.vocab import PRECISION
+
+QV = {"meta-llama/Llama-3.1-8B": "q_proj,v_proj", "mistralai/Mistral-7B-v0.1": "q_proj,v_proj",
+      "Qwen/Qwen2.5-7B": "q_proj,v_proj", "gpt2": "c_attn", "google-bert/bert-base-uncased": "query,value"}
+
+
+def _peft_counts(name: str, targets: str, task: str | None, num_labels: int | None):
+    """peft's own count, on a model built independently of the planner's adapter code."""
+    config = resolve_model(name, task=task, num_labels=num_labels).config
+    target = "all-linear" if targets == "all-linear" else targets.split(",")
+    task_type = {"seq-cls": "SEQ_CLS", None: "CAUSAL_LM"}[task]
+    model = build_meta(config)
+    with torch.device("meta"):
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, target_modules=target,
+                                                             task_type=task_type))
+    return wrapped.get_nb_trainable_parameters()
+
+
+@pytest.mark.parametrize("name", list(QV))
+@pytest.mark.parametrize("which", ["all-linear", "qv"])
+def test_trainable_and_total_parameters_equal_peft_counts(name, which):
+    task, labels = ("seq-cls", 2) if "bert" in name else (None, None)
+    targets = "all-linear" if which == "all-linear" else QV[name]
+    adapter = Adapter("lora", rank=16, targets=Adapter.parse_targets(targets))
+    spec = resolve_model(name, task=task, num_labels=labels, adapter=adapter).spec
+    assert (spec.trainable_parameters, spec.parameters) == _peft_counts(name, targets, task, labels)
+    assert 0 < spec.trainable_parameters < spec.parameters / 20
+
+
+def test_task_head_replaces_the_config_head_with_exact_parameters():
+    lm = resolve_model("bigscience/bloom-560m").spec
+    cls = resolve_model("bigscience/bloom-560m", task="seq-cls", num_labels=2).spec
+    assert cls.architecture == "BloomForSequenceClassification" and cls.task == "seq-cls"
+    assert cls.parameters == lm.parameters + 2 * 1024  # the score layer (no bias); the tied LM head is gone
+    assert cls.logit_width == 0 and cls.num_labels == 2  # no vocabulary-wide logits for a classifier
+    tok = resolve_model("google-bert/bert-base-uncased", task="token-cls", num_labels=9).spec
+    assert tok.architecture == "BertForTokenClassification" and tok.logit_width == 9
+
+
+def test_a_classifier_without_a_pad_token_gets_the_eos_id():
+    config = resolve_model("meta-llama/Llama-3.1-8B", task="seq-cls", num_labels=3).config
+    assert config.pad_token_id == 128001 and config.num_labels == 3
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    (dict(task="seq2seq"), "--task"),                            # GPT-2 has no encoder-decoder head
+    (dict(num_labels=3), "--num-labels"),                        # a causal LM has no labels
+    (dict(adapter=Adapter("lora", targets=("no_such_module",))), "--lora-targets"),
+])
+def test_impossible_heads_and_targets_are_input_errors(kwargs, flag):
+    with pytest.raises(InputError) as err:
+        resolve_model("gpt2", **kwargs)
+    assert err.value.flag == flag
+
+
+def test_qlora_base_is_counted_as_bitsandbytes_stores_it():
+    spec = resolve_model("meta-llama/Llama-3.1-8B", adapter=Adapter("qlora")).spec
+    embeddings = 2 * 128256 * 4096  # input embeddings and the untied LM head stay 16-bit
+    assert spec.quantized_parameters == spec.parameters - spec.trainable_parameters - embeddings - 65 * 4096
+    assert spec.quantized_bytes == nf4_bytes(spec.quantized_parameters, True)
+    assert nf4_bytes(64 * 256 * 10, False) == 64 * 256 * 10 // 2 + 4 * 256 * 10  # 4 bits + an fp32 absmax per 64
+    assert nf4_bytes(64 * 256 * 10, True) == 64 * 256 * 10 // 2 + 256 * 10 + 4 * (10 + 1)  # absmax as uint8
+
+
+def _tiny(kind: str):
+    if kind == "llama":
+        return transformers.LlamaConfig(num_hidden_layers=3, hidden_size=64, intermediate_size=160,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                        architectures=["LlamaForCausalLM"])
+    return transformers.BertConfig(num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                   vocab_size=500, num_labels=2, architectures=["BertForSequenceClassification"])
+
+
+def _real_lora_peak(config, adapter: Adapter, micro_batch, seq, precision, checkpointing, grad_accum) -> int:
+    """A real CPU step of the model with peft's LoRA (built with peft directly), as benchmarks/cpu_memory_accuracy.py
+    measures a full model's."""
+    torch.manual_seed(0)
+    model = getattr(transformers, config.architectures[0])._from_config(config, dtype=torch.float32)
+    task = "SEQ_CLS" if "Classification" in config.architectures[0] else "CAUSAL_LM"
+    model = peft.get_peft_model(model, peft.LoraConfig(**{**adapter.lora_kwargs("causal-lm"), "task_type": task}))
+    autocast = PRECISION[precision].autocast
+    if autocast:
+        from peft.utils import cast_mixed_precision_params
+
+        cast_mixed_precision_params(model, getattr(torch, autocast))
+    model.train()
+    enable_checkpointing(model, checkpointing)
+    opt = make_optimizer(model, "adamw")
+    batch = make_batch(model.get_base_model(), micro_batch, seq)
+    for _ in range(2):  # warm-up step, then the measured one
+        tracker = LiveStorageTracker()
+        with tracker:
+            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
+            tracker.track_all(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+            tracker.reset_peak()
+            for _ in range(grad_accum):
+                micro_step(model, batch, autocast)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return tracker.peak
+
+
+@pytest.mark.parametrize("kind, targets, precision, checkpointing, grad_accum", [
+    ("llama", "all-linear", "fp32", "none", 1),
+    ("llama", "q_proj,v_proj", "bf16-mixed", "none", 2),
+    ("llama", "all-linear", "bf16-mixed", "full", 2),
+    ("bert", "all-linear", "fp32", "selective", 1),
+    ("bert", "query,value", "bf16-mixed", "none", 1),
+])
+def test_real_lora_steps_on_the_cpu_match_the_estimate(kind, targets, precision, checkpointing, grad_accum):
+    config = _tiny(kind)
+    adapter = Adapter("lora", rank=8, targets=Adapter.parse_targets(targets))
+    est = estimate_memory(config, micro_batch=4, seq_len=128, precision=precision, checkpointing=checkpointing,
+                          grad_accum=grad_accum, device="cpu", attention="sdpa", adapter=adapter)
+    real = _real_lora_peak(config, adapter, 4, 128, precision, checkpointing, grad_accum)
+    assert est.peak == pytest.approx(real, rel=0.02)
+
+
+def test_qlora_plan_fits_a_24gb_card_that_full_fine_tuning_does_not():
+    p = plan("meta-llama/Llama-3.1-8B", 16, seq_len=2048, gpu="RTX4090-24GB", adapter=Adapter("qlora"))
+    cfg = p.choice.config
+    assert cfg.zero_stage == 0 and cfg.precision == "bf16-mixed"  # 4090: bf16; QLoRA is planned unsharded
+    assert p.choice.memory.parameters < 6 * 2**30  # 3.4 GiB of NF4 + 2 GiB of 16-bit embeddings and head
+    assert p.model.trainable_parameters == 41_943_040
+    reasons = " ".join(c.reason for c in p.candidates)
+    assert "QLoRA" not in reasons or "16 bits" in reasons
+
+
+def test_adapters_reject_what_they_cannot_run():
+    with pytest.raises(InputError, match="QLoRA computes in 16 bits"):
+        plan("gpt2", 8, gpu="A100-80GB", precision="fp32", adapter=Adapter("qlora"))
+    with pytest.raises(InputError, match="QLoRA is planned on one GPU or DDP"):
+        plan("gpt2", 8, gpu="A100-80GB", gpus_per_node=2, zero_stage=3, precision="bf16-mixed",
+             adapter=Adapter("qlora"))
+    with pytest.raises(InputError, match="frozen base in 16 bits"):
+        plan("gpt2", 8, gpu="A100-80GB", precision="bf16-true", adapter=Adapter("lora"))
+
+
+def test_lora_speed_skips_the_frozen_weight_gradients():
+    full = plan("meta-llama/Llama-3.2-1B", 64, seq_len=1024, gpu="H100-80GB", precision="bf16-mixed",
+                checkpointing="none", micro_batch=8)
+    lora = plan("meta-llama/Llama-3.2-1B", 64, seq_len=1024, gpu="H100-80GB", precision="bf16-mixed",
+                checkpointing="none", micro_batch=8, adapter=Adapter("lora", targets=("q_proj", "v_proj")))
+    assert lora.choice.throughput.step_time_s < 0.9 * full.choice.throughput.step_time_s
+    qlora = plan("meta-llama/Llama-3.2-1B", 64, seq_len=1024, gpu="H100-80GB", precision="bf16-mixed",
+                 checkpointing="none", micro_batch=8, adapter=Adapter("qlora", targets=("q_proj", "v_proj")))
+    assert qlora.choice.throughput.step_time_s > lora.choice.throughput.step_time_s  # dequantisation
+
+
+def test_emitted_adapter_files_load_in_peft_and_transformers_and_prepare_applies_them(tmp_path):
+    config = _tiny("bert")
+    config.save_pretrained(tmp_path / "tiny")
+    p = plan(str(tmp_path / "tiny"), 8, gpu="A100-80GB", seq_len=64, task="seq-cls", num_labels=2,
+             adapter=Adapter("lora", rank=4, targets=("query", "value")))
+    emit(p, tmp_path / "run")
+    data = json.loads((tmp_path / "run" / "peft_config.json").read_text())
+    lora = peft.LoraConfig(**data["lora_config"])
+    assert lora.r == 4 and lora.task_type == "SEQ_CLS" and set(lora.target_modules) == {"query", "value"}
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["model"]["trainable_parameters"] == \
+        p.model.trainable_parameters
+    loaded = load_plan(tmp_path / "run")
+    model = loaded.prepare(transformers.BertForSequenceClassification(config))
+    assert isinstance(model, peft.PeftModel)
+    assert model.get_nb_trainable_parameters() == (p.model.trainable_parameters, p.model.parameters)
+    with pytest.raises(InputError, match="made for BertForSequenceClassification"):
+        loaded.prepare(transformers.BertForMaskedLM(config))
+
+
+def test_qlora_emits_bitsandbytes_arguments(tmp_path):
+    p = plan("gpt2", 8, gpu="A100-80GB", seq_len=128, adapter=Adapter("qlora", rank=8))
+    data = p.to_peft()
+    assert data["bnb_config"] == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                  "bnb_4bit_use_double_quant": True,
+                                  "bnb_4bit_compute_dtype": PRECISION[p.choice.config.precision].autocast}
+    assert transformers.BitsAndBytesConfig(**data["bnb_config"]).load_in_4bit
