@@ -92,12 +92,9 @@ class Config(BaseModel):
 
     def adapter_problem(self, adapter: str) -> str | None:
         """Why this configuration cannot train `adapter` (`vocab.ADAPTER`), or None."""
-        info, precision = ADAPTER[adapter], PRECISION[self.precision]
-        if info.trains_adapters and precision.weight_bytes < FP32_BYTES:
-            return ("with adapters, mixed precision already keeps the frozen base in 16 bits and trains the adapters "
-                    "in fp32 (peft); a pure 16-bit model is not planned")
-        if info.quantized_base and precision.autocast is None:
-            return "QLoRA computes in 16 bits (bnb_4bit_compute_dtype): use fp16-mixed or bf16-mixed"
+        info = ADAPTER[adapter]
+        if info.quantized_base and self.half_dtype() is None:
+            return "QLoRA computes in 16 bits (bnb_4bit_compute_dtype): use fp16-mixed, bf16-mixed or bf16-true"
         if info.quantized_base and self.sharded:
             return ("QLoRA is planned on one GPU or DDP: sharding a 4-bit base (DeepSpeed ZeRO-3, FSDP) needs "
                     "bitsandbytes to store it in the compute dtype (bnb_4bit_quant_storage), which trainplan does not "
@@ -122,11 +119,16 @@ class Config(BaseModel):
         """Bytes per trainable parameter of the gradients autograd produces (the weights' dtype)."""
         return self.weight_bytes()
 
-    def frozen_weight_bytes(self) -> int:
-        """Bytes per frozen parameter when adapters train: the 16-bit compute dtype under mixed or 16-bit precision
-        (peft's `cast_mixed_precision_params`, peft/utils/other.py), fp32 otherwise."""
+    def half_dtype(self) -> str | None:
+        """The 16-bit dtype (a `torch` attribute name) of the computation: autocast's, or bf16 for a 16-bit model;
+        None for fp32. Adapters keep the frozen base in it (planner/models/adapters.py)."""
         info = PRECISION[self.precision]
-        return 2 if info.autocast or info.weight_bytes < FP32_BYTES else FP32_BYTES
+        return info.autocast or ("bfloat16" if info.weight_bytes < FP32_BYTES else None)
+
+    def frozen_weight_bytes(self) -> int:
+        """Bytes per frozen parameter when adapters train: the 16-bit compute dtype where there is one (peft's
+        `cast_mixed_precision_params`, peft/utils/other.py), fp32 otherwise."""
+        return 2 if self.half_dtype() else FP32_BYTES
 
     def master_bytes(self) -> int:
         """Bytes per trainable parameter a ZeRO engine adds for fp32 master weights (0 without)."""

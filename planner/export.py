@@ -178,7 +178,6 @@ def peft_config(plan) -> dict | None:
     adapter = Adapter.from_json(plan.model.adapter)
     if adapter is None:
         return None
-    info = PRECISION[plan.choice.config.precision]
-    half = info.autocast  # "bfloat16" / "float16", None for fp32
+    half = plan.choice.config.half_dtype()  # "bfloat16" / "float16", None for fp32
     return {"lora_config": adapter.lora_kwargs(plan.model.task), "bnb_config": adapter.bnb_kwargs(half or "bfloat16"),
             "mixed_precision_cast": half}

@@ -57,7 +57,7 @@ def plan(
     ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
-    notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0])
+    notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0]) + _qlora_note(resolved.spec)
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)
     draft = Plan(model=ModelInfo.of(resolved.spec, s, resolved.adapter), hardware=hardware, seq_len=s,
                  optimizer=optimizer, attention=attention, choice=ranked[0], candidates=tuple(ranked),
@@ -155,6 +155,15 @@ def _moe_note(spec, choice) -> tuple[str, ...]:
             f"in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 leaf "
             f"(deepspeed.utils.set_z3_leaf_modules): entering it gathers all its experts at once. Without "
             f"plan.prepare, call that yourself.",)
+
+
+def _qlora_note(spec) -> tuple[str, ...]:
+    if not ADAPTER[spec.adapter].quantized_base:
+        return ()
+    return ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps the unquantised "
+            "weights 16-bit. peft's prepare_model_for_kbit_training (TRL's SFTTrainer calls it for a 4-bit model) "
+            "upcasts them, and so the logits, to fp32: 4.3 GB more for Mistral-7B at micro-batch 4 x 4096 in "
+            "fms-acceleration's published runs (benchmarks/peft_memory.py); pass the prepared PeftModel instead.",)
 
 
 def _host_note(hardware: Hardware, choice) -> tuple[str, ...]:

@@ -76,8 +76,7 @@ class LoadedPlan:
             return None
         from transformers import BitsAndBytesConfig
 
-        half = PRECISION[self.choice.precision].autocast or "bfloat16"
-        return BitsAndBytesConfig(**adapter.bnb_kwargs(half))
+        return BitsAndBytesConfig(**adapter.bnb_kwargs(self.choice.half_dtype() or "bfloat16"))
 
     def prepare(self, model):
         """Apply to `model` what the plan assumed and the Trainer's arguments cannot express; returns the model
@@ -119,7 +118,7 @@ class LoadedPlan:
 
         from planner.models.adapters import apply_adapter
 
-        half = PRECISION[self.choice.precision].autocast
+        half = self.choice.half_dtype()
         return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
 
     def training_arguments_dict(self, **overrides) -> dict:

@@ -94,10 +94,11 @@ def _real_lora_peak(config, adapter: Adapter, micro_batch, seq, precision, check
     """A real CPU step of the model with peft's LoRA (built with peft directly), as benchmarks/cpu_memory_accuracy.py
     measures a full model's."""
     torch.manual_seed(0)
-    model = getattr(transformers, config.architectures[0])._from_config(config, dtype=torch.float32)
+    dtype = torch.bfloat16 if PRECISION[precision].weight_bytes == 2 else torch.float32
+    model = getattr(transformers, config.architectures[0])._from_config(config, dtype=dtype)
     task = "SEQ_CLS" if "Classification" in config.architectures[0] else "CAUSAL_LM"
     model = peft.get_peft_model(model, peft.LoraConfig(**{**adapter.lora_kwargs("causal-lm"), "task_type": task}))
-    autocast = PRECISION[precision].autocast
+    autocast = PRECISION[precision].autocast  # a bf16 model: peft's autocast_adapter_dtype keeps the adapters fp32
     if autocast:
         from peft.utils import cast_mixed_precision_params
 
@@ -123,6 +124,7 @@ def _real_lora_peak(config, adapter: Adapter, micro_batch, seq, precision, check
     ("llama", "all-linear", "fp32", "none", 1),
     ("llama", "q_proj,v_proj", "bf16-mixed", "none", 2),
     ("llama", "all-linear", "bf16-mixed", "full", 2),
+    ("llama", "all-linear", "bf16-true", "selective", 1),
     ("bert", "all-linear", "fp32", "selective", 1),
     ("bert", "query,value", "bf16-mixed", "none", 1),
 ])
@@ -151,8 +153,16 @@ def test_adapters_reject_what_they_cannot_run():
     with pytest.raises(InputError, match="QLoRA is planned on one GPU or DDP"):
         plan("gpt2", 8, gpu="A100-80GB", gpus_per_node=2, zero_stage=3, precision="bf16-mixed",
              adapter=Adapter("qlora"))
-    with pytest.raises(InputError, match="frozen base in 16 bits"):
-        plan("gpt2", 8, gpu="A100-80GB", precision="bf16-true", adapter=Adapter("lora"))
+
+
+
+def test_a_bf16_model_trains_fp32_adapters():
+    """PEFT's own harness loads the model in bf16 and trains without autocast: peft keeps the adapters fp32."""
+    est = estimate_memory("meta-llama/Llama-3.2-1B", micro_batch=1, seq_len=512, precision="bf16-true",
+                          method="analytic", adapter=Adapter("lora", rank=16, targets=("q_proj", "v_proj")))
+    spec = resolve_model("meta-llama/Llama-3.2-1B", adapter=Adapter("lora", rank=16, targets=("q_proj", "v_proj"))).spec
+    assert est.parameters == 4 * spec.trainable_parameters + 2 * spec.frozen_parameters
+    assert est.gradients == 4 * spec.trainable_parameters and est.optimizer_states == 8 * spec.trainable_parameters
 
 
 def test_lora_speed_skips_the_frozen_weight_gradients():

@@ -131,13 +131,17 @@ def states_for(cfg: Config, parameters: int, trainable: int, optimizer: str, *, 
                largest_layer: int = 0, adafactor_elements: int = 0, block_parameters: int = 0,
                frozen_bytes: int | None = None) -> ModelStates:
     """Per-GPU model states of `cfg` (see the module docstring for each engine). `frozen_bytes`: the frozen
-    parameters' bytes as stored when adapters train (a 16-bit or 4-bit base, `ModelSpec.frozen_bytes`); None: every
-    parameter in the working width. DeepSpeed keeps all weights 16-bit either way."""
+    parameters' bytes as stored when adapters train (a 16-bit or 4-bit base, `ModelSpec.frozen_bytes`), the adapters
+    then fp32 whatever the precision (peft's `autocast_adapter_dtype`, planner/models/adapters.py `cast_mixed`);
+    None: every parameter in the working width. DeepSpeed keeps all weights 16-bit either way."""
     optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements, cfg.state_width())
+    if not cfg.sharded and frozen_bytes is not None:  # adapters: peft keeps the trainable parameters in fp32
+        optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements, FP32_BYTES)
+        return ModelStates(parameters=FP32_BYTES * trainable + frozen_bytes, gradients=FP32_BYTES * trainable,
+                           optimizer_states=optim)
     if not cfg.sharded:
-        weights = parameters * cfg.weight_bytes() if frozen_bytes is None else (
-            trainable * cfg.weight_bytes() + frozen_bytes)
-        return ModelStates(parameters=weights, gradients=trainable * cfg.grad_bytes(), optimizer_states=optim)
+        return ModelStates(parameters=parameters * cfg.weight_bytes(), gradients=trainable * cfg.grad_bytes(),
+                           optimizer_states=optim)
     per_node = gpus_per_node or cfg.world_size
     if cfg.engine == FSDP:
         return _fsdp_states(cfg, parameters, trainable, optim, per_node, block_parameters or largest_layer,

@@ -308,8 +308,8 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
     from planner.models.build import build_meta
 
     cfg = _prepare_config(config, layers, req)
-    # adapters under autocast: the frozen base in 16 bits, the adapters in fp32 (planner/models/adapters.py)
-    mixed = torch.bfloat16 if req.adapter is not None and req.autocast and not req.half_weights else None
+    # adapters with a 16-bit computation: the frozen base in 16 bits, the adapters in fp32 (planner/models/adapters.py)
+    mixed = torch.bfloat16 if req.adapter is not None and (req.autocast or req.half_weights) else None
     model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
                        adapter=req.adapter, mixed_dtype=mixed)
     tracker = LiveStorageTracker()
