@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner import hardware as hw
+from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.lr import scale_lr
 from planner.memory.estimate import Evaluation
@@ -13,8 +14,9 @@ from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, 
 from planner.suggest import suggestions
 from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
-    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE,
-    LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES,
+    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
+    DEFAULT_SHARDING_ENGINE, ENGINE, FULL, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD, OFFLOAD, OPTIMIZER,
+    PRECISION, SDPA, SHARDING_ENGINES,
 )
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
@@ -57,7 +59,7 @@ def plan(
     ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
-    notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0]) + _qlora_note(resolved.spec)
+    notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0]) + _qlora_note(resolved.spec, world)
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)
     draft = Plan(model=ModelInfo.of(resolved.spec, s, resolved.adapter), hardware=hardware, seq_len=s,
                  optimizer=optimizer, attention=attention, choice=ranked[0], candidates=tuple(ranked),
@@ -157,13 +159,17 @@ def _moe_note(spec, choice) -> tuple[str, ...]:
             f"plan.prepare, call that yourself.",)
 
 
-def _qlora_note(spec) -> tuple[str, ...]:
+def _qlora_note(spec, world: int) -> tuple[str, ...]:
     if not ADAPTER[spec.adapter].quantized_base:
         return ()
-    return ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps the unquantised "
-            "weights 16-bit. peft's prepare_model_for_kbit_training (TRL's SFTTrainer calls it for a 4-bit model) "
-            "upcasts them, and so the logits, to fp32: 4.3 GB more for Mistral-7B at micro-batch 4 x 4096 in "
-            "fms-acceleration's published runs (benchmarks/peft_memory.py); pass the prepared PeftModel instead.",)
+    sharded = Config.of(micro_batch=1, grad_accum=1, world_size=world, precision=DEFAULT_PRECISION,
+                        checkpointing=FULL, zero_stage=3, offload=NO_OFFLOAD).adapter_problem(spec.adapter)
+    ddp = (f"Only DDP was planned: {sharded}.",) if world > 1 and sharded else ()
+    return ddp + ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps the "
+                  "unquantised weights 16-bit. peft's prepare_model_for_kbit_training (TRL's SFTTrainer calls it for a "
+                  "4-bit model) upcasts them, and so the logits, to fp32: 4.3 GB more for Mistral-7B at micro-batch 4 "
+                  "x 4096 in fms-acceleration's published runs (benchmarks/peft_memory.py); pass the prepared "
+                  "PeftModel instead.",)
 
 
 def _host_note(hardware: Hardware, choice) -> tuple[str, ...]:

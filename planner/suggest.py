@@ -1,4 +1,5 @@
-"""What would fit when nothing does: more GPUs, a larger GPU, offload, a shorter sequence, 8-bit Adam.
+"""What would fit when nothing does: more GPUs, a larger GPU, offload, 8-bit Adam, LoRA / QLoRA adapters, a shorter
+sequence.
 
 Each suggestion is computed with the same memory model as the plan (traced where it can be), at the
 smallest micro-batch, with full checkpointing (the least memory any candidate can have), and says its
@@ -62,6 +63,7 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
     if plan.optimizer != ADAMW_8BIT and eight.peak <= budget:
         out.append(f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
                    f"peak {eight.peak / _GIB:.1f} GiB fits (--optimizer {ADAMW_8BIT}).")
+    out.append(_adapter_lever(evaluator, world, precision, budget))
     shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision, NO_OFFLOAD)
     if shorter:
         out.append(f"A shorter sequence: {shorter} tokens fit at micro-batch 1 with full checkpointing "
@@ -72,6 +74,35 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
             out.append(f"Offload and a shorter sequence: with optimizer and parameters in CPU memory, {shorter} "
                        f"tokens fit at micro-batch 1 with full checkpointing (--seq-len {shorter}).")
     return [line for line in out if line]
+
+
+def _adapter_lever(evaluator, world: int, precision: str, budget: int) -> str:
+    """Adapters instead of full fine-tuning: LoRA (a 16-bit frozen base), else QLoRA (a 4-bit one), with peft's
+    defaults here (`planner.models.adapters`), at micro-batch 1 with full checkpointing on one GPU or DDP."""
+    from planner.errors import InputError
+    from planner.models import trained_as
+    from planner.models.adapters import Adapter
+
+    base = evaluator.evaluation
+    if base.resolved.adapter is not None or base.resolved.config is None:
+        return ""
+    tried = []
+    for method in ("lora", "qlora"):
+        try:
+            resolved = trained_as(base.resolved, adapter=Adapter(method))
+        except InputError:  # peft missing, or no linear layers to adapt
+            return ""
+        other = MemoryEvaluator(Evaluation(resolved, seq_len=base.seq_len, optimizer=base.optimizer,
+                                           attention=base.attention, gpus_per_node=base.gpus_per_node, gpu=base.gpu),
+                                evaluator.method)
+        est = other.estimate(_least_memory_config(world, precision, 0, NO_OFFLOAD))
+        trainable = resolved.spec.trainable_parameters / 1e6
+        what = (f"{Adapter(method).label()} (--peft {method}; {trainable:.0f}M trainable) needs "
+                f"{est.peak / _GIB:.1f} GiB per GPU")
+        if est.peak <= budget:
+            return "Adapters instead of full fine-tuning: " + "; ".join(tried + [what + ", which fits."])
+        tried.append(what)
+    return "Adapters do not fit either: " + "; ".join(tried) + "."
 
 
 def _offload_lever(plan, off, budget: int) -> str:

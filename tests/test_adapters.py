@@ -202,3 +202,60 @@ def test_qlora_emits_bitsandbytes_arguments(tmp_path):
                                   "bnb_4bit_use_double_quant": True,
                                   "bnb_4bit_compute_dtype": PRECISION[p.choice.config.precision].autocast}
     assert transformers.BitsAndBytesConfig(**data["bnb_config"]).load_in_4bit
+
+
+BAD_ADAPTER_FLAGS = [
+    (["--lora-rank", "8"], "--lora-rank"),
+    (["--peft", "lora", "--no-double-quant"], "--no-double-quant"),
+    (["--peft", "lora", "--lora-rank", "0"], "--lora-rank"),
+    (["--peft", "lora", "--lora-dropout", "1.5"], "--lora-dropout"),
+    (["--peft", "dora"], "--peft"),
+    (["--task", "image-cls"], "--task"),
+    (["--num-labels", "3"], "--num-labels"),
+    (["--task", "seq-cls", "--num-labels", "0"], "--num-labels"),
+    (["--peft", "lora", "--lora-targets", "nope_proj"], "--lora-targets"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag"), BAD_ADAPTER_FLAGS, ids=[" ".join(a) for a, _ in BAD_ADAPTER_FLAGS])
+def test_bad_adapter_flags_exit_2_naming_the_flag(args, flag):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--gpu", "A100-80GB", *args])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Traceback" not in result.output
+
+
+def test_missing_peft_is_an_input_error_naming_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` now raises ImportError
+    with pytest.raises(InputError, match="peft") as err:
+        resolve_model("gpt2", adapter=Adapter("lora"))
+    assert err.value.flag == "--peft" and "trainplan[peft]" in err.value.hint
+
+
+def test_cli_seed_case_json_reports_trainable_and_total(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["--model", "bigscience/bloom-560m", "--task", "seq-cls", "--num-labels", "2",
+                                      "--seq-len", "1024", "--batch", "16", "--gpu", "T4-16GB", "--peft", "lora",
+                                      "--lora-targets", "query_key_value", "--json"])
+    assert result.exit_code == 0, result.output
+    model = json.loads(result.stdout)["model"]
+    assert model["architecture"] == "BloomForSequenceClassification" and model["num_labels"] == 2
+    assert model["adapter"]["targets"] == ["query_key_value"] and model["adapter"]["method"] == "lora"
+    assert 0 < model["trainable_parameters"] < model["parameters"] / 50
+
+
+def test_no_fit_names_the_adapters_that_would_fit():
+    from planner.errors import NoFitError
+
+    with pytest.raises(NoFitError) as err:
+        plan("meta-llama/Llama-3.1-8B", 16, seq_len=2048, gpu="T4-16GB", offload=False)
+    lever = next(s for s in err.value.suggestions if "Adapters" in s)
+    assert "--peft lora" in lever and "--peft qlora" in lever and lever.endswith("which fits.")

@@ -20,7 +20,7 @@ from planner.models.presets import find_preset, presets
 from planner.models.spec import ModelSpec
 from planner.models.validate import check_config
 
-__all__ = ["ModelSpec", "ResolvedModel", "resolve_model", "presets"]
+__all__ = ["ModelSpec", "ResolvedModel", "resolve_model", "trained_as", "presets"]
 
 _HUB_HOST = ("huggingface.co", 443)
 _HUB_PROBE_TIMEOUT_S = 1.5
@@ -59,10 +59,10 @@ def resolve_model(source, *, trust_remote_code: bool = False, task: str | None =
     else:
         raise InputError(f"cannot read a model from a {type(source).__name__}", flag="--model",
                          hint="Pass a hub id, a folder with config.json, a PretrainedConfig or a transformers model.")
-    return _trained_as(resolved, task, num_labels, adapter) if changes else resolved
+    return trained_as(resolved, task, num_labels, adapter) if changes else resolved
 
 
-def _trained_as(resolved: ResolvedModel, task, num_labels, adapter) -> ResolvedModel:
+def trained_as(resolved: ResolvedModel, task=None, num_labels=None, adapter=None) -> ResolvedModel:
     """The resolved model with another head and/or adapters, counted on the meta model peft builds."""
     from planner.models.adapters import quantized_linear_numel, with_task
 
