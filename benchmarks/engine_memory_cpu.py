@@ -29,6 +29,9 @@ CASES = {
     "zero2-offload-optimizer": ["--gpus-per-node", "1", "--zero-stage", "2", "--offload", "optimizer"],
     "zero3-offload-params": ["--gpus-per-node", "1", "--zero-stage", "3", "--offload", "optimizer+params"],
     "fsdp2-full-shard": ["--gpus-per-node", "2", "--zero-stage", "3", "--engine", "fsdp", "--offload", "none"],
+    "lora-single": ["--gpus-per-node", "1", "--zero-stage", "0", "--peft", "lora", "--lora-rank", "4"],
+    "lora-ddp-classifier": ["--gpus-per-node", "2", "--zero-stage", "0", "--peft", "lora", "--lora-rank", "4",
+                            "--task", "seq-cls", "--num-labels", "3"],
 }
 SEQ_LEN = 64
 
@@ -56,10 +59,13 @@ def emit_plan(model: Path, flags: list[str], out: Path) -> dict:
     return json.loads((out / "plan.json").read_text())
 
 
-def estimate_for(model: Path, choice: dict):
-    from planner import estimate_memory
+def estimate_for(model: Path, plan: dict):
+    from planner import Adapter, estimate_memory
 
-    return estimate_memory(str(model), micro_batch=choice["micro_batch"], seq_len=SEQ_LEN,
+    choice, info = plan["choice"], plan["model"]
+    return estimate_memory(str(model), task=info["task"], num_labels=info.get("num_labels") or None,
+                           adapter=Adapter.from_json(info.get("adapter")), micro_batch=choice["micro_batch"],
+                           seq_len=SEQ_LEN,
                            precision=choice["precision"], checkpointing=choice["checkpointing"],
                            grad_accum=choice["grad_accum"], zero_stage=choice["zero_stage"], offload=choice["offload"],
                            world_size=choice["world_size"], engine=choice["engine"], device="cpu")
@@ -70,7 +76,8 @@ def run_case(name: str, model: Path, work: Path) -> dict:
     from probes.runner import run_training
 
     folder = work / name
-    choice = emit_plan(model, CASES[name], folder)["choice"]
+    planned = emit_plan(model, CASES[name], folder)
+    choice = planned["choice"]
     result = run_training(folder, timeout_s=900, steps=2, warmup=1)
     row = {"case": name, "engine": choice["engine"], "zero_stage": choice["zero_stage"], "offload": choice["offload"],
            "world_size": choice["world_size"], "precision": choice["precision"], "micro_batch": choice["micro_batch"],
@@ -78,7 +85,7 @@ def run_case(name: str, model: Path, work: Path) -> dict:
            "processes": result.processes, "ran_micro_batch": result.micro_batch, "ran_grad_accum": result.grad_accum,
            "losses": list(result.losses), "measured_peak": result.peak_allocated}
     if result.status == "ok":
-        est = estimate_for(model, choice)
+        est = estimate_for(model, planned)
         row.update(predicted_peak=est.peak, error=est.peak / result.peak_allocated - 1)
     return row
 

@@ -113,7 +113,7 @@ def with_task(config, task: str | None, num_labels: int | None):
         cfg.architectures = [head]
     if num_labels is not None:
         if TASK[_task_of(cfg)].labels not in (CLASS_LABELS, TOKEN_LABELS):
-            raise InputError("--num-labels applies to classification heads", flag="--num-labels",
+            raise InputError("applies to classification heads", flag="--num-labels",
                              hint="Add --task seq-cls or --task token-cls.")
         if not 1 <= num_labels <= 1_000_000:
             raise InputError("the number of labels must be from 1 to 1,000,000", flag="--num-labels")

@@ -242,9 +242,17 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
                                     "dropout", default=0.0) or 0.0),
         position=position, config_hash=config_hash(config),
         layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
-        num_labels=int(getattr(config, "num_labels", 0) or 0),
+        num_labels=_num_labels(model, config),
         **_adapter_fields(adapter, quantized),
     )
+
+
+def _num_labels(model, config) -> int:
+    """A classifier's labels (every config has `num_labels`, 2 by default, whatever its head)."""
+    from planner.vocab import CLASS_LABELS, TASK, TOKEN_LABELS, task_of_class
+
+    classifier = TASK[task_of_class(type(model).__name__)].labels in (CLASS_LABELS, TOKEN_LABELS)
+    return int(getattr(config, "num_labels", 0) or 0) if classifier else 0
 
 
 def _adapter_fields(adapter, quantized: int) -> dict:
