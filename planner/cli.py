@@ -85,8 +85,10 @@ ListModels = Annotated[bool, Opt("--list-models", help="List the bundled model p
 ListGpus = Annotated[bool, Opt("--list-gpus", help="List the GPU catalog and exit.")]
 CompareGpus = Annotated[Optional[str], Opt("--compare-gpus", help="Plan the same job on each of these GPUs "
                                            "(comma-separated, e.g. A100-80GB,H100-80GB) and print one table.")]
-TrainTokens = Annotated[Optional[float], Opt("--train-tokens", help="With --compare-gpus: tokens of the whole run, "
-                                             "for its time (and cost with --price).")]
+TrainTokens = Annotated[Optional[float], Opt("--train-tokens", help="Tokens of the whole run: sizes the LR warmup; "
+                                             "with --compare-gpus, the run's time (and cost with --price).")]
+TrainSteps = Annotated[Optional[int], Opt("--train-steps", help="Optimizer steps of the whole run (sizes the LR "
+                                                                "warmup; or give --train-tokens).")]
 Price = Annotated[Optional[list[str]], Opt("--price", help="With --compare-gpus: GPU=USD_PER_HOUR per GPU-hour; "
                                            "repeat for each GPU.")]
 
@@ -140,6 +142,7 @@ class Flags:
     list_gpus: bool = False
     compare_gpus: str | None = None
     train_tokens: float | None = None
+    train_steps: int | None = None
     price: list[str] | None = None
 
 
@@ -163,7 +166,7 @@ def main_command(
     machine_rank: MachineRank = _D.machine_rank, hostnames: Hostnames = None, probe: Probe = None,
     probe_budget: ProbeBudget = _D.probe_budget, launch: Launch = False, dry_run: DryRun = False,
     list_models: ListModels = False, list_gpus: ListGpus = False, compare_gpus: CompareGpus = None,
-    train_tokens: TrainTokens = None, price: Price = None,
+    train_tokens: TrainTokens = None, train_steps: TrainSteps = None, price: Price = None,
 ) -> None:
     """Plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest."""
     flags = Flags(**{k: v for k, v in locals().items() if k != "ctx"})
@@ -184,7 +187,7 @@ def _run(flags: Flags, script_args: list[str]) -> None:
         _listing(flags.list_models, flags.as_json)
         return
     _check_launch(flags, script_args)
-    if flags.compare_gpus is not None or flags.train_tokens is not None or flags.price:
+    if flags.compare_gpus is not None or flags.price:
         _compare(flags, script_args)
         return
     request = _request(flags)
@@ -213,13 +216,13 @@ def _compare(flags: Flags, script_args: list[str]) -> None:
     from planner.compare import compare_gpus, parse_prices
 
     if flags.compare_gpus is None:
-        raise InputError("applies to --compare-gpus", flag="--train-tokens" if flags.train_tokens is not None
-                         else "--price", hint="Add --compare-gpus A100-80GB,H100-80GB,...")
+        raise InputError("applies to --compare-gpus", flag="--price", hint="Add --compare-gpus A100-80GB,H100-80GB,...")
     for name, flag in (("gpu", "--gpu"), ("emit_dir", "--emit"), ("launch", "--launch"), ("probe", "--probe")):
         if getattr(flags, name) not in (None, False) or script_args:
             raise InputError(f"cannot be combined with {flag}", flag="--compare-gpus",
                              hint="Compare first, then plan (and emit) on the GPU you pick.")
     kwargs = _request(flags).plan_kwargs()
+    kwargs.pop("train_tokens")
     gpus = [g.strip() for g in flags.compare_gpus.split(",") if g.strip()]
     prices = parse_prices(flags.price or [])
     with _stderr().status("planning...") as status:
@@ -271,7 +274,8 @@ def _request(flags: Flags):
         memory_method=flags.memory_method,
         engine=flags.engine, trust_remote_code=flags.trust_remote_code, task=flags.task, num_labels=flags.num_labels,
         peft=flags.peft, lora_rank=flags.lora_rank, lora_alpha=flags.lora_alpha, lora_targets=flags.lora_targets,
-        lora_dropout=flags.lora_dropout, double_quant=not flags.no_double_quant)
+        lora_dropout=flags.lora_dropout, double_quant=not flags.no_double_quant, train_tokens=flags.train_tokens,
+        train_steps=flags.train_steps)
 
 
 def _offload(flags: Flags) -> bool | str:

@@ -71,7 +71,7 @@ def compare_gpus(model, global_batch: int, gpus: list[str], *, train_tokens: flo
         if progress:
             progress(name)
         try:
-            result = plan(model, global_batch, gpu=name, detect=False, **plan_kwargs)
+            result = plan(model, global_batch, gpu=name, detect=False, train_tokens=train_tokens, **plan_kwargs)
         except NoFitError as err:
             rows.append(GpuComparison(gpu=name, error=err.message))
             continue

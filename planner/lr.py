@@ -17,6 +17,9 @@ from planner.vocab import AUTO, LR_SCALING, OPTIMIZER
 WARMUP_SUGGESTION_FACTOR = 4.0
 #: Warmup steps suggested: a fraction of a typical run, at least this many optimizer steps.
 WARMUP_STEPS_PER_FACTOR = 100
+#: At most this share of the run warms up when its length is known (--train-steps / --train-tokens): Goyal et al.
+#: warm up 5 of 90 epochs (5.6%); the Trainer's `warmup_ratio` is commonly 0.03-0.1.
+WARMUP_MAX_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class LRDecision:
     factor: float
     warmup_steps: int
     notes: tuple[str, ...]
+    run_steps: int | None = None   # optimizer steps of the whole run, when its length was given
 
 
 def resolve_rule(scaling: str, optimizer: str) -> str:
@@ -39,7 +43,9 @@ def resolve_rule(scaling: str, optimizer: str) -> str:
 
 
 def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, scaling: str, optimizer: str,
-             has_batchnorm: bool = False, micro_batch: int | None = None) -> LRDecision:
+             has_batchnorm: bool = False, micro_batch: int | None = None, run_steps: int | None = None) -> LRDecision:
+    """The LR for `global_batch` from a base tuned at `reference_batch`, and the warmup a large factor asks for,
+    at most `WARMUP_MAX_FRACTION` of a run of `run_steps` optimizer steps when its length is known."""
     if base_lr is not None and (not math.isfinite(base_lr) or base_lr <= 0):
         raise InputError("the learning rate must be a positive number", flag="--lr")
     if reference_batch < 1:
@@ -51,9 +57,19 @@ def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, sca
     warmup = 0
     if base_lr is not None and factor >= WARMUP_SUGGESTION_FACTOR:  # no LR asked for: none written, no warmup
         warmup = int(WARMUP_STEPS_PER_FACTOR * factor)
-        notes.append(f"LR scaled x{factor:.1f}: warm up over ~{warmup} optimizer steps (Goyal et al. 2017).")
+        if run_steps is not None and warmup > WARMUP_MAX_FRACTION * run_steps:
+            warmup = max(1, int(WARMUP_MAX_FRACTION * run_steps))
+            notes.append(f"LR scaled x{factor:.1f}: warm up over {warmup} optimizer steps, "
+                         f"{WARMUP_MAX_FRACTION:.0%} of the run's {run_steps} (Goyal et al. 2017 warm up 5 of 90 "
+                         f"epochs).")
+        elif run_steps is not None:
+            notes.append(f"LR scaled x{factor:.1f}: warm up over ~{warmup} optimizer steps of the run's {run_steps} "
+                         f"(Goyal et al. 2017).")
+        else:
+            notes.append(f"LR scaled x{factor:.1f}: warm up over ~{warmup} optimizer steps (Goyal et al. 2017); give "
+                         f"--train-steps or --train-tokens to size it to the run.")
     if has_batchnorm and micro_batch is not None:
         notes.append(f"The model has BatchNorm: its statistics see only the micro-batch ({micro_batch}), "
                      "not the global batch; consider SyncBatchNorm or a larger micro-batch.")
     lr = base_lr * factor if base_lr is not None else None
-    return LRDecision(lr, base_lr, reference_batch, rule, factor, warmup, tuple(notes))
+    return LRDecision(lr, base_lr, reference_batch, rule, factor, warmup, tuple(notes), run_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from planner import hardware as hw
@@ -37,9 +38,11 @@ def plan(
     trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
     progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
     host_memory: int | None = None, task: str | None = None, num_labels: int | None = None, adapter=None,
+    train_tokens: float | None = None, train_steps: int | None = None,
 ) -> Plan:
     """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError.
-    `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model."""
+    `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model;
+    `train_tokens` or `train_steps`, the run's length, sizes the LR warmup."""
     from planner.models import resolve_model
 
     _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory)
@@ -60,7 +63,8 @@ def plan(
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
     notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0]) + _qlora_note(resolved.spec, world)
-    lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch)
+    lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch,
+               _run_steps(train_tokens, train_steps, global_batch, s))
     draft = Plan(model=ModelInfo.of(resolved.spec, s, resolved.adapter), hardware=hardware, seq_len=s,
                  optimizer=optimizer, attention=attention, choice=ranked[0], candidates=tuple(ranked),
                  lr=_lr(ranked[0], *lr_args)[0],
@@ -275,13 +279,31 @@ def _with_lr(candidate: Candidate, lr_args) -> Candidate:
     return candidate.model_copy(update={"learning_rate": info.learning_rate, "lr_scaling": info.scaling})
 
 
-def _lr(choice, lr, lr_batch, lr_scaling, optimizer, spec, global_batch) -> tuple[LearningRate, tuple[str, ...]]:
+def _run_steps(train_tokens, train_steps, global_batch: int, seq_len: int) -> int | None:
+    """Optimizer steps of the whole run, from its steps or its tokens (None when neither is given)."""
+    if train_tokens is not None and train_steps is not None:
+        raise InputError("give the run's length once", flag="--train-steps",
+                         hint="Drop --train-steps or --train-tokens.")
+    if train_steps is not None:
+        if not isinstance(train_steps, int) or isinstance(train_steps, bool) or not 0 < train_steps <= LIMITS.batch:
+            raise InputError(f"must be a positive integer up to {LIMITS.batch:,}, got {train_steps!r}",
+                             flag="--train-steps")
+        return train_steps
+    if train_tokens is None:
+        return None
+    if not isinstance(train_tokens, (int, float)) or not 0 < train_tokens < float("inf"):
+        raise InputError(f"must be a positive number of tokens, got {train_tokens!r}", flag="--train-tokens")
+    return max(1, math.ceil(train_tokens / (global_batch * seq_len)))
+
+
+def _lr(choice, lr, lr_batch, lr_scaling, optimizer, spec, global_batch,
+        run_steps=None) -> tuple[LearningRate, tuple[str, ...]]:
     """Scale the base LR from the batch it was tuned at (default: micro-batch x GPUs, i.e. scale by N)."""
     cfg = choice.config
     ref = lr_batch or cfg.micro_batch * cfg.world_size
-    d = scale_lr(lr, global_batch, ref, lr_scaling, optimizer, spec.has_batchnorm, cfg.micro_batch)
+    d = scale_lr(lr, global_batch, ref, lr_scaling, optimizer, spec.has_batchnorm, cfg.micro_batch, run_steps)
     info = LearningRate(learning_rate=d.learning_rate, base_lr=d.base_lr, reference_batch=d.reference_batch,
-                        scaling=d.scaling, factor=d.factor, warmup_steps=d.warmup_steps)
+                        scaling=d.scaling, factor=d.factor, warmup_steps=d.warmup_steps, run_steps=d.run_steps)
     if lr is None:
         notes = ("No --lr: the files keep the Trainer's default learning rate and write no warmup; give --lr (and "
                  "--lr-batch, the batch it was tuned at) to have it scaled to this batch.",)

@@ -71,6 +71,8 @@ class PlanRequest(BaseModel):
     lora_targets: str | None = None
     lora_dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
     double_quant: bool = True
+    train_tokens: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="tokens of the whole run")
+    train_steps: int | None = Field(default=None, gt=0, le=LIMITS.batch, description="optimizer steps of the run")
 
     @field_validator("model")
     @classmethod

@@ -72,6 +72,7 @@ class LearningRate(BaseModel):
     scaling: str
     factor: float
     warmup_steps: int
+    run_steps: int | None = None   # optimizer steps of the whole run, when its length was given
 
 
 class ModelInfo(BaseModel):

@@ -55,6 +55,14 @@ def test_cli_refuses_what_a_comparison_cannot_do(extra, flag):
     assert result.exit_code == 2 and flag in result.output, result.output
 
 
-def test_train_tokens_alone_is_refused():
-    result = invoke("--model", "gpt2", "--batch", "64", "--train-tokens", "1e9")
+def test_price_alone_is_refused():
+    result = invoke("--model", "gpt2", "--batch", "64", "--price", "A100-80GB=2")
     assert result.exit_code == 2 and "--compare-gpus" in result.output
+
+
+def test_train_tokens_alone_sizes_the_warmup():
+    result = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--seq-len", "1024", "--lr", "3e-4",
+                    "--lr-batch", "1", "--train-tokens", "6.5536e6", "--json")
+    assert result.exit_code == 0, result.output
+    choice = json.loads(result.stdout)["choice"]
+    assert choice["warmup_steps"] == 5  # 5% of the run's 100 steps, not the 800 the x8 sqrt factor would ask

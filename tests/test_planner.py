@@ -277,3 +277,23 @@ def test_moe_under_zero3_says_what_prepare_does_for_it():
     assert any("ZeRO-3 leaf" in note for note in p.notes)
     dense = plan("meta-llama/Llama-3.1-8B", 64, gpu=A100, gpus_per_node=8, seq_len=2048, zero_stage=3)
     assert not any("ZeRO-3 leaf" in note for note in dense.notes)
+
+
+def test_warmup_is_capped_by_the_run_length():
+    """An x32 linear factor asks for 3200 warmup steps; a 1000-step run gets 5% of itself, and the plan says so."""
+    from planner.lr import WARMUP_MAX_FRACTION
+
+    short = scale_lr(0.1, 8192, 256, "linear", "sgd", run_steps=1000)
+    assert short.warmup_steps == int(WARMUP_MAX_FRACTION * 1000) == 50 and "of the run's 1000" in short.notes[0]
+    long = scale_lr(0.1, 8192, 256, "linear", "sgd", run_steps=10**6)
+    assert long.warmup_steps == 3200 and "of the run's 1000000" in long.notes[0]
+    unknown = scale_lr(0.1, 8192, 256, "linear", "sgd")
+    assert unknown.warmup_steps == 3200 and "--train-steps" in unknown.notes[0]
+
+
+def test_run_length_is_given_once_and_converted_from_tokens():
+    p = plan("gpt2", 64, gpu="A100-80GB", seq_len=1024, lr=1e-3, lr_batch=1, train_tokens=64 * 1024 * 400)
+    assert p.lr.run_steps == 400 and p.lr.warmup_steps == 20
+    with pytest.raises(InputError) as err:
+        plan("gpt2", 64, gpu="A100-80GB", train_tokens=1e9, train_steps=10)
+    assert err.value.flag == "--train-steps"
