@@ -155,6 +155,8 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
         "weight_decay": WEIGHT_DECAY,
         "ddp_find_unused_parameters": False,
     }
+    if PRECISION[cfg.precision].tf32:  # TrainingArguments sets torch.backends.cuda.matmul.allow_tf32 from it
+        out["tf32"] = True
     if info.options:
         out["optim_args"] = info.options
     if info.adam_betas:  # the betas the DeepSpeed block uses too

@@ -89,6 +89,11 @@ class LoadedPlan:
         kernel = ATTENTION[effective_attention(model.config, self.attention)].transformers
         if getattr(model.config, "_attn_implementation", None) != kernel and hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(kernel)
+        if PRECISION[cfg.precision].tf32:  # for a loop of the user's own; TrainingArguments(tf32=True) does the same
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         if PRECISION[cfg.precision].weight_bytes < 4 and not cfg.sharded:
             import torch
 

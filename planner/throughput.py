@@ -106,9 +106,11 @@ def dequantize_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) 
 
 def compute_dtype(precision: str, half: bool) -> str:
     """The GEMM dtype (an efficiency.json key) of a traced op: 16-bit ops run in the precision's 16-bit dtype,
-    fp32 ops in fp32 (TF32 off, torch's default)."""
-    compute = PRECISION[precision].compute
-    return compute if half and compute != FP32_COMPUTE else FP32_COMPUTE
+    fp32 ops in fp32 (TF32 off, torch's default), or on TF32 tensor cores under the tf32 precision."""
+    info = PRECISION[precision]
+    if info.tf32:
+        return info.compute
+    return info.compute if half and info.compute != FP32_COMPUTE else FP32_COMPUTE
 
 
 def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> float:

@@ -27,11 +27,17 @@ class PrecisionInfo:
     trainer_flag: str | None   # the TrainingArguments flag that turns it on (bf16 / fp16), None for none
     accelerate: str            # accelerate's `mixed_precision` value
     in_auto: bool              # `--precision auto` may choose it (pure bf16 changes the numerics: only on request)
+    #: fp32 matmuls run on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32, the Trainer's `tf32`; torch's
+    #: default is off since 1.12, torch/backends/cuda/__init__.py): the GPU needs TF32 (compute capability >= 8.0)
+    tf32: bool = False
 
 
 PRECISION: dict[str, PrecisionInfo] = {
     "fp32": PrecisionInfo("fp32 weights, gradients, optimizer states and matmuls (TF32 off, torch's default)",
                           4, "fp32", None, 4, False, False, False, True, None, "no", True),
+    "tf32": PrecisionInfo("fp32 weights, gradients and optimizer states; matmuls on TF32 tensor cores (10-bit "
+                          "mantissa inputs, fp32 accumulation; Ampere and later)", 4, "tf32", None, 4, False, False,
+                          False, True, None, "no", True, tf32=True),
     "fp16-mixed": PrecisionInfo("fp32 weights; torch.autocast runs matmuls in fp16; dynamic loss scaling",
                                 4, "fp16", "float16", 2, True, True, False, True, "fp16", "fp16", True),
     "bf16-mixed": PrecisionInfo("fp32 weights; torch.autocast runs matmuls in bf16 (Ampere and later)",
@@ -41,7 +47,7 @@ PRECISION: dict[str, PrecisionInfo] = {
                                2, "bf16", None, 2, False, False, True, False, None, "no", False),
 }
 Precision = Literal[tuple(PRECISION)]  # type: ignore[valid-type]
-FP32 = "fp32"
+FP32, TF32 = "fp32", "tf32"
 #: The dtypes matmuls compute in (`PrecisionInfo.compute`), naming the catalog's peaks (`peak_tflops_<dtype>`) and
 #: efficiency.json's achievable fractions.
 COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")

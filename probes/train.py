@@ -172,9 +172,10 @@ def _train(plan, args) -> Measurement:
     cuda = torch.cuda.is_available()
     total = args.warmup + args.steps
     config = model_config(plan, args.trust_remote_code)
+    cpu_only = {} if cuda else {"use_cpu": True, "tf32": None}  # a CPU has no TF32 (TrainingArguments refuses it)
     targs = plan.training_arguments(output_dir=tempfile.mkdtemp(prefix="trainplan-train-"), max_steps=total,
                                     save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
-                                    dataloader_num_workers=0, seed=0, use_cpu=not cuda)
+                                    dataloader_num_workers=0, seed=0, **cpu_only)
     model = plan.prepare(build_model(plan, config, args.trust_remote_code))  # after the arguments: zero.Init
     data = SyntheticBatches(model, cfg.global_batch * total, plan.seq_len)
     meter = StepMeter(warmup=args.warmup, cuda=cuda, model=model)

@@ -86,6 +86,9 @@ class GPU(BaseModel):
         """Why this GPU cannot run a precision (or attention implementation), or None."""
         if PRECISION[precision].needs_bf16 and not self.bf16:
             return f"{self.name} has no bf16 (compute capability {self.compute_capability} < 8.0)"
+        if PRECISION[precision].tf32 and self.peak_tflops_tf32 is None:
+            return (f"{self.name} has no TF32 tensor cores (compute capability {self.compute_capability}; TF32 "
+                    "needs 8.0)")
         if attention == FLASH and self.compute_capability_tuple < FLASH_ATTENTION_MIN_CC:
             return (f"FlashAttention-2 needs compute capability 8.0 or newer; {self.name} has "
                     f"{self.compute_capability}")
