@@ -18,6 +18,11 @@ GRADIENT_CLIPPING = 1.0
 #: `DynamicLossScaler`: init 2**16 via initial_scale_power 16, window 1000, hysteresis 2, min scale 1).
 FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
                      "min_loss_scale": 1}
+#: fp16 dynamic loss scaling under torch AMP (the Trainer and accelerate without DeepSpeed): GradScaler's defaults
+#: (torch/amp/grad_scaler.py `GradScaler.__init__`): start at 2**16, halve and skip the step on inf/NaN gradients,
+#: double after 2000 steps without one. accelerate builds it with these unless a GradScalerKwargs handler says
+#: otherwise.
+TORCH_GRAD_SCALER = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 WEIGHT_DECAY = 0.0
@@ -183,3 +188,15 @@ def peft_config(plan) -> dict | None:
     half = plan.choice.config.half_dtype()  # "bfloat16" / "float16", None for fp32
     return {"lora_config": adapter.lora_kwargs(plan.model.task), "bnb_config": adapter.bnb_kwargs(half or "bfloat16"),
             "mixed_precision_cast": half}
+
+
+def loss_scaling(plan) -> dict | None:
+    """The fp16 loss-scaling policy the emitted files run (None without fp16): DeepSpeed's block as ds_config.json
+    writes it, or torch's GradScaler; gradients are clipped after unscaling in both (the Trainer's
+    `accelerator.clip_grad_norm_` unscales first; DeepSpeed clips the unscaled fp32 gradients)."""
+    cfg = plan.choice.config
+    if not PRECISION[cfg.precision].loss_scaling:
+        return None
+    policy = dict(FP16_LOSS_SCALING) if cfg.engine == DEEPSPEED else dict(TORCH_GRAD_SCALER)
+    return {"engine": "deepspeed" if cfg.engine == DEEPSPEED else "torch.amp.GradScaler", **policy,
+            "clip_grad_norm_after_unscale": GRADIENT_CLIPPING}

@@ -69,7 +69,9 @@ def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, sca
             notes.append(f"LR scaled x{factor:.1f}: warm up over ~{warmup} optimizer steps (Goyal et al. 2017); give "
                          f"--train-steps or --train-tokens to size it to the run.")
     if has_batchnorm and micro_batch is not None:
-        notes.append(f"The model has BatchNorm: its statistics see only the micro-batch ({micro_batch}), "
-                     "not the global batch; consider SyncBatchNorm or a larger micro-batch.")
+        notes.append(f"The model has BatchNorm: accumulation does not enlarge its batch, its statistics see only the "
+                     f"micro-batch ({micro_batch} samples per GPU), not the global batch. Replace it with LayerNorm "
+                     "or GroupNorm, synchronise it across GPUs (torch.nn.SyncBatchNorm.convert_sync_batchnorm), or "
+                     "pin a larger --micro-batch.")
     lr = base_lr * factor if base_lr is not None else None
     return LRDecision(lr, base_lr, reference_batch, rule, factor, warmup, tuple(notes), run_steps)

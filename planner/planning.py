@@ -17,7 +17,7 @@ from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
     DEFAULT_SHARDING_ENGINE, ENGINE, FULL, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD, OFFLOAD, OPTIMIZER,
-    FP32, PRECISION, SDPA, SHARDING_ENGINES, TF32,
+    FP32, PRECISION, SDPA, SHARDING_ENGINES, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
@@ -82,7 +82,67 @@ def plan(
         budget_s = DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s
         draft = refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s,
                                          estimate=evaluator.estimate)
-    return _with_learning_rates(draft, lr_args)
+    return _finish(_with_learning_rates(draft, lr_args), resolved)
+
+
+def _finish(result: Plan, resolved) -> Plan:
+    """The notes that depend on the final choice: how the loss is normalised over the accumulated micro-batches,
+    and the fp16 loss-scaling policy."""
+    notes = _loss_normalisation_note(result, resolved) + _loss_scaling_note(result)
+    return result.model_copy(update={"notes": result.notes + notes}) if notes else result
+
+
+def _loss_normalisation_note(result: Plan, resolved) -> tuple[str, ...]:
+    """Token-level losses over N micro-batches: the Trainer passes `num_items_in_batch` (the labelled tokens of all
+    N) to a model that accepts loss kwargs, so each micro-batch's summed loss is divided by the step's tokens
+    (transformers/trainer.py: `get_batch_samples` counts them, `training_step` skips its own division by N when the
+    model normalised; the model accepts them if its class says `accepts_loss_kwargs` or its forward takes
+    **kwargs)."""
+    cfg = result.choice.config
+    if cfg.grad_accum == 1 or TASK[result.model.task].labels not in (TOKEN_TARGETS, TOKEN_LABELS):
+        return ()
+    pitfall = ("averaging each micro-batch's mean loss and dividing by N weights the tokens of short micro-batches "
+               "more than those of long ones")
+    if resolved.config is not None and _accepts_loss_kwargs(resolved):
+        return (f"Loss over the {cfg.grad_accum} accumulated micro-batches: the Trainer (and the shipped script) "
+                f"divides each micro-batch's summed token loss by the labelled tokens of all {cfg.grad_accum} "
+                f"(num_items_in_batch), so the step's gradient is that of one batch of {cfg.global_batch}; {pitfall}. "
+                "In a loop of your own, pass num_items_in_batch=<labelled tokens of the step> to the model.",)
+    return (f"Loss over the {cfg.grad_accum} accumulated micro-batches: {result.model.architecture} takes no "
+            f"num_items_in_batch, so the Trainer averages per-micro-batch means: {pitfall}. Pass a "
+            "compute_loss_func that sums token losses and divides by the step's tokens.",)
+
+
+def _accepts_loss_kwargs(resolved) -> bool:
+    """The Trainer's own test (transformers/trainer.py, "Model introspection")."""
+    import inspect
+
+    from planner.models.build import model_class
+
+    cls = model_class(resolved.config, resolved.trust_remote_code)
+    cls = getattr(cls, "auto", cls)
+    if hasattr(cls, "accepts_loss_kwargs"):
+        return bool(cls.accepts_loss_kwargs)
+    forward = getattr(cls, "forward", None)
+    return forward is not None and any(p.kind == inspect.Parameter.VAR_KEYWORD
+                                       for p in inspect.signature(forward).parameters.values())
+
+
+def _loss_scaling_note(result: Plan) -> tuple[str, ...]:
+    policy = result.loss_scaling()
+    if policy is None:
+        return ()
+    if policy["engine"] == "deepspeed":
+        rule = (f"DeepSpeed's dynamic scale starts at 2^{policy['initial_scale_power']}, halves on an overflow after "
+                f"{policy['hysteresis']} in a row (the step is skipped), doubles after {policy['loss_scale_window']} "
+                f"clean steps, never below {policy['min_loss_scale']}")
+    else:
+        rule = (f"torch's GradScaler starts at {policy['init_scale']:.0f}, halves on inf/NaN gradients (the step is "
+                f"skipped), doubles after {policy['growth_interval']} clean steps")
+    return (f"fp16 loss scaling: {rule}; gradients are clipped to {policy['clip_grad_norm_after_unscale']} after "
+            "unscaling (plan.json 'loss_scaling'). A few skipped steps early on are normal; if the loss goes NaN or "
+            "the scale keeps falling, lower the LR or lengthen warmup, keep clipping, and use bf16 where the GPU has "
+            "it.",)
 
 
 #: A probe builds the model with random weights, and bitsandbytes quantises a checkpoint as transformers loads it.

@@ -209,6 +209,7 @@ class Plan(BaseModel):
                            "step_time_s": tp.step_time_s, "source": tp.source},
             "candidates": [c.to_json() for c in self.candidates],
             "notes": list(self.notes),
+            "loss_scaling": self.loss_scaling(),
             "probes": [p.model_dump(mode="json") for p in self.probes],
             "calibration": {k: v.model_dump() for k, v in self.calibration.items()},
             "speed_calibration": self.speed_calibration.model_dump() if self.speed_calibration else None,
@@ -227,6 +228,10 @@ class Plan(BaseModel):
     def to_training_args(self, **kwargs) -> dict:
         from planner.export import training_args
         return training_args(self, **kwargs)
+
+    def loss_scaling(self) -> dict | None:
+        from planner.export import loss_scaling
+        return loss_scaling(self)
 
     def to_peft(self) -> dict | None:
         from planner.export import peft_config

@@ -264,6 +264,7 @@ TASK: dict[str, TaskInfo] = {
 Task = Literal[tuple(TASK)]  # type: ignore[valid-type]
 OTHER_TASK = "other"
 TOKEN_LABELS = "token-class"
+TOKEN_TARGETS = "tokens"
 #: `--task` values: the model's own head (`architectures[0]`), or a task whose head transformers has for it
 TASK_CHOICES = (AUTO, *(task for task, info in TASK.items() if info.auto_mapping))
 TaskChoice = Literal[TASK_CHOICES]  # type: ignore[valid-type]

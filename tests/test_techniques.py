@@ -61,3 +61,51 @@ def test_tf32_is_emitted_for_the_trainer_and_applied_by_prepare(tmp_path):
 def test_tf32_on_a_gpu_without_it_is_an_input_error():
     with pytest.raises(InputError, match="no TF32"):
         plan("gpt2", 8, gpu="T4-16GB", precision="tf32")
+
+
+def test_token_losses_over_accumulated_micro_batches_are_normalised_as_the_trainer_does(tmp_path):
+    import transformers
+
+    from planner.models import resolve_model
+    from planner.planning import _accepts_loss_kwargs
+
+    p = plan("gpt2", 64, gpu="T4-16GB", seq_len=1024, micro_batch=4)
+    note = next(n for n in p.notes if "num_items_in_batch" in n)
+    assert f"all {p.choice.config.grad_accum}" in note and "short micro-batches" in note
+    cls = plan("google-bert/bert-base-uncased", 64, gpu="T4-16GB", seq_len=128, micro_batch=4, task="seq-cls",
+               num_labels=2)
+    assert not any("num_items_in_batch" in n for n in cls.notes)  # one label per sample: a mean of means is exact
+    config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                      vocab_size=100, architectures=["LlamaForCausalLM"])
+    trainer = transformers.Trainer(model=transformers.LlamaForCausalLM(config),
+                                   args=transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                                                       report_to="none"))
+    assert _accepts_loss_kwargs(resolve_model(config)) is trainer.model_accepts_loss_kwargs is True
+
+
+def test_fp16_loss_scaling_is_stated_and_is_what_the_libraries_run(tmp_path):
+    import inspect
+
+    import torch
+
+    torch_plan = plan("gpt2", 8, gpu="T4-16GB", seq_len=256, zero_stage=0)
+    policy = json.loads(json.dumps(torch_plan.to_json()))["loss_scaling"]
+    defaults = inspect.signature(torch.amp.GradScaler.__init__).parameters
+    assert policy["engine"] == "torch.amp.GradScaler"
+    assert {k: policy[k] for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")} == \
+        {k: defaults[k].default for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")}
+    assert any("loss goes NaN" in n for n in torch_plan.notes)
+    ds_plan = plan("gpt2", 8, gpu="T4-16GB", gpus_per_node=2, seq_len=256, zero_stage=2, offload="none")
+    emit(ds_plan, tmp_path / "run")
+    ds = json.loads((tmp_path / "run" / "ds_config.json").read_text())["fp16"]
+    written = json.loads((tmp_path / "run" / "plan.json").read_text())["loss_scaling"]
+    assert all(written[k] == ds[k] for k in ("initial_scale_power", "loss_scale_window", "hysteresis",
+                                              "min_loss_scale", "loss_scale"))
+    assert plan("gpt2", 8, gpu="A100-80GB", seq_len=256).to_json()["loss_scaling"] is None  # bf16: no scaling
+
+
+def test_batchnorm_gets_the_accumulation_warning_with_what_to_do():
+    from planner.lr import scale_lr
+
+    note = scale_lr(1e-3, 64, 64, "auto", "sgd", has_batchnorm=True, micro_batch=4).notes[0]
+    assert "SyncBatchNorm" in note and "LayerNorm" in note and "4 samples" in note
