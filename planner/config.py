@@ -32,6 +32,7 @@ class Config(BaseModel):
     offload: Offload
     engine: Engine = Field(default=None, validate_default=False,  # type: ignore[assignment]
                            description="torch at stage 0; the sharding engine (default deepspeed) above")
+    tensor_parallel: int = Field(default=1, ge=1, description="GPUs each layer is split across (within a node)")
 
     @model_validator(mode="before")
     @classmethod
@@ -72,6 +73,9 @@ class Config(BaseModel):
         if self.offload not in engine.offloads[self.zero_stage]:
             return (f"the {self.engine} engine cannot offload {self.offload} at stage {self.zero_stage} "
                     f"(it can: {', '.join(engine.offloads[self.zero_stage])})")
+        if self.tensor_parallel > 1 and (self.engine != FSDP or self.world_size % self.tensor_parallel):
+            return ("tensor parallelism runs through accelerate's ParallelismConfig with FSDP2 (tp_size x "
+                    "dp_shard_size = the GPUs)")
         if self.zero_stage and not PRECISION[self.precision].zero_engines:
             return f"{self.precision} runs on the torch engine only (ZeRO engines keep fp32 master weights)"
         return None
@@ -104,7 +108,12 @@ class Config(BaseModel):
     # --- sizes
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.world_size
+        return self.micro_batch * self.grad_accum * self.data_parallel
+
+    @property
+    def data_parallel(self) -> int:
+        """GPUs that see different samples: all of them, divided by the tensor-parallel group."""
+        return self.world_size // self.tensor_parallel
 
     @property
     def sharded(self) -> bool:
@@ -157,7 +166,8 @@ class Config(BaseModel):
         same bytes and speed, so views, probes and probe calibration treat them as one family."""
         info = PRECISION[self.precision]
         precision = "mixed" if info.autocast else self.precision
-        return precision, self.checkpointing, self.zero_stage, self.offload, self.engine
+        tp = (f"tp{self.tensor_parallel}",) if self.tensor_parallel > 1 else ()
+        return (precision, self.checkpointing, self.zero_stage, self.offload, self.engine) + tp
 
     @staticmethod
     def family_text(family: tuple) -> str:
@@ -168,12 +178,14 @@ class Config(BaseModel):
     def complexity(self) -> int:
         """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
-                + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1))
+                + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1)
+                + 2 * (self.tensor_parallel > 1))
 
     def parallelism_label(self) -> str:
         if self.world_size == 1 and not self.sharded:
             return "single GPU"
-        return ENGINE[self.engine].stage_names[self.zero_stage]
+        name = ENGINE[self.engine].stage_names[self.zero_stage]
+        return f"TP {self.tensor_parallel} x {name} {self.data_parallel}" if self.tensor_parallel > 1 else name
 
     def label(self) -> str:
         off = f" + offload {self.offload}" if OFFLOAD[self.offload].optimizer_on_cpu else ""

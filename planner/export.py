@@ -115,6 +115,9 @@ def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", hostfile_
     elif cfg.engine == FSDP:
         out.update(distributed_type=ENGINE[FSDP].distributed_type, mixed_precision=PRECISION[cfg.precision].accelerate,
                    fsdp_config=_fsdp(cfg, plan.model.layer_class))
+        if cfg.tensor_parallel > 1:  # accelerate/commands/launch.py --parallelism_config_* (FSDP2 only)
+            out["parallelism_config"] = {"parallelism_config_dp_shard_size": cfg.data_parallel,
+                                         "parallelism_config_tp_size": cfg.tensor_parallel}
     else:
         out.update(distributed_type=ENGINE[TORCH].distributed_type if cfg.world_size > 1 else "NO",
                    mixed_precision=PRECISION[cfg.precision].accelerate)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from planner import hardware as hw
 from planner.config import Config
@@ -54,35 +55,48 @@ def plan(
                              adapter=adapter)
     world = hardware.gpus_per_node * hardware.nodes
     s = _sequence(seq_len, resolved.spec)
-    space = _space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads,
-                   micro_batch, engine, attention, optimizer, resolved.spec.adapter)
+    tp_sizes, tp_note = tensor_parallel_sizes(resolved, hardware.gpus_per_node)
+    space = replace(_space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads,
+                           micro_batch, engine, attention, optimizer, resolved.spec.adapter), tensor_parallel=tp_sizes)
     evaluation = Evaluation(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                             gpus_per_node=hardware.gpus_per_node, gpu=gpu_entry)
     evaluator = MemoryEvaluator(evaluation, memory_method)
     ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
-    notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu_entry)
-    notes += _tf32_note(precision, gpu_entry, evaluation, hardware.gpus_per_node, ranked[0])
-    notes += _host_note(hardware, ranked[0]) + _moe_note(resolved.spec, ranked[0]) + _qlora_note(resolved.spec, world)
+    notes = _plan_notes(precision, gpu_entry, evaluation, hardware, ranked, tp_note)
     lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch,
                _run_steps(train_tokens, train_steps, global_batch, s))
     draft = Plan(model=ModelInfo.of(resolved.spec, s, resolved.adapter), hardware=hardware, seq_len=s,
                  optimizer=optimizer, attention=attention, choice=ranked[0], candidates=tuple(ranked),
-                 lr=_lr(ranked[0], *lr_args)[0],
-                 notes=notes)
+                 lr=_lr(ranked[0], *lr_args)[0], notes=notes)
     if not ranked[0].fits:
         raise NoFitError(f"no configuration of {resolved.spec.name} fits {world} x {gpu_entry.name} at global batch "
                          f"{global_batch}, sequence {s}", suggestions=suggestions(draft, evaluator, gpu_entry),
                          plan=draft)
-    if measure is not None and ADAPTER[resolved.spec.adapter].quantized_base:
-        measure, draft = None, draft.model_copy(update={"notes": draft.notes + (QLORA_NOT_PROBED,)})
     if measure is not None:
-        from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
-
-        budget_s = DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s
-        draft = refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s,
-                                         estimate=evaluator.estimate)
+        draft = _measured(draft, measure, resolved, evaluator, progress, probe_budget_s)
     return _finish(_with_learning_rates(draft, lr_args), resolved)
+
+
+def _measured(draft: Plan, measure, resolved, evaluator, progress, probe_budget_s) -> Plan:
+    """The plan refined by measurements of its top candidates (QLoRA plans are not probed: `QLORA_NOT_PROBED`)."""
+    if ADAPTER[resolved.spec.adapter].quantized_base:
+        return draft.model_copy(update={"notes": draft.notes + (QLORA_NOT_PROBED,)})
+    from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
+
+    budget_s = DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s
+    return refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s,
+                                    estimate=evaluator.estimate)
+
+
+def _plan_notes(precision: str, gpu, evaluation, hardware: Hardware, ranked: list[Candidate],
+                tp_note: str) -> tuple[str, ...]:
+    """The notes that depend on the search's ranking."""
+    spec, world = evaluation.resolved.spec, hardware.gpus_per_node * hardware.nodes
+    notes = ((hardware.note,) if hardware.note else ()) + _precision_notes(precision, gpu)
+    notes += _tf32_note(precision, gpu, evaluation, hardware.gpus_per_node, ranked[0])
+    notes += _parallelism_notes(tp_note, ranked, hardware)
+    return notes + _host_note(hardware, ranked[0]) + _moe_note(spec, ranked[0]) + _qlora_note(spec, world)
 
 
 def _finish(result: Plan, resolved) -> Plan:
@@ -313,6 +327,42 @@ def _precision_notes(precision: str, gpu) -> tuple[str, ...]:
     return notes
 
 
+def tensor_parallel_sizes(resolved, gpus_per_node: int) -> tuple[tuple[int, ...], str]:
+    """Tensor-parallel sizes worth planning within a node, and why there are none: the model's transformers TP plan
+    (`config.base_model_tp_plan`, which `from_pretrained(tp_plan="auto")` applies) must exist, and a size must divide
+    the node's GPUs and the attention and key/value heads it splits."""
+    spec, config = resolved.spec, resolved.config
+    if gpus_per_node < 2:
+        return (), ""
+    plan_ = getattr(config, "base_model_tp_plan", None) if config is not None else None
+    if not plan_:
+        return (), (f"No tensor parallelism: {spec.architecture} has no tensor-parallel plan in this transformers "
+                    "(config.base_model_tp_plan), which accelerate's TP needs.")
+    sizes = tuple(t for t in (2, 4, 8, 16, 32, 64) if t <= gpus_per_node and gpus_per_node % t == 0
+                  and spec.heads % t == 0 and spec.kv_heads % t == 0)
+    return sizes, "" if sizes else f"No tensor parallelism: no size divides {spec.kv_heads} key/value heads."
+
+
+def _parallelism_notes(tp_note: str, ranked: list[Candidate], hardware: Hardware) -> tuple[str, ...]:
+    notes = (tp_note,) if tp_note else ()
+    choice = ranked[0]
+    cfg = choice.config
+    if cfg.tensor_parallel > 1 and choice.fits:
+        plain = next((c for c in ranked if c.fits and c.config.tensor_parallel == 1 and c.throughput), None)
+        why = (f" It runs {choice.throughput.tokens_per_s / plain.throughput.tokens_per_s:.2f}x the tokens/s of the "
+               f"fastest plan without tensor parallelism ({plain.config.label()}): each GPU keeps 1/"
+               f"{cfg.tensor_parallel} of every layer's activations, so larger micro-batches fit, and FSDP gathers "
+               f"1/{cfg.tensor_parallel} of the weights over fewer ranks." if plain else "")
+        notes += (f"Tensor parallel {cfg.tensor_parallel} x FSDP2 {cfg.data_parallel}.{why} Load the model with "
+                  "from_pretrained(..., tp_plan=\"auto\") under the launcher (plan.from_pretrained_kwargs()); the "
+                  "Trainer then builds accelerate's ParallelismConfig from it, as accelerate_config.yaml says.",)
+    if hardware.nodes > 1 and choice.fits:
+        notes += ("Pipeline parallelism (layers split across nodes) is not planned: transformers and accelerate have "
+                  "no pipeline schedule for training HF models; it would be needed where a model's layers do not "
+                  "fit a node even fully sharded (use torchtitan or Megatron-LM there).",)
+    return notes
+
+
 def _tf32_note(precision: str, gpu, evaluation, gpus_per_node: int, choice: Candidate) -> tuple[str, ...]:
     """With fp32 asked for on a GPU with TF32 tensor cores: what TF32 would gain on the chosen configuration."""
     if precision != FP32 or gpu.cannot_run(TF32) or not choice.fits or choice.throughput is None:
@@ -373,7 +423,7 @@ def _lr(choice, lr, lr_batch, lr_scaling, optimizer, spec, global_batch,
         run_steps=None) -> tuple[LearningRate, tuple[str, ...]]:
     """Scale the base LR from the batch it was tuned at (default: micro-batch x GPUs, i.e. scale by N)."""
     cfg = choice.config
-    ref = lr_batch or cfg.micro_batch * cfg.world_size
+    ref = lr_batch or cfg.micro_batch * cfg.data_parallel
     d = scale_lr(lr, global_batch, ref, lr_scaling, optimizer, spec.has_batchnorm, cfg.micro_batch, run_steps)
     info = LearningRate(learning_rate=d.learning_rate, base_lr=d.base_lr, reference_batch=d.reference_batch,
                         scaling=d.scaling, factor=d.factor, warmup_steps=d.warmup_steps, run_steps=d.run_steps)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from planner.config import Config
 from planner.errors import InputError
-from planner.vocab import ATTENTION, CHECKPOINTING, DEEPSPEED, FSDP, PRECISION
+from planner.vocab import ATTENTION, CHECKPOINTING, DEEPSPEED, FSDP, PRECISION, TP_PLAN_AUTO
 
 TRAINING_ARGS = "training_args.json"
 
@@ -31,7 +31,7 @@ class LoadedPlan:
     def __init__(self, data: dict, folder: Path):
         self.data, self.folder = data, folder
         choice = data["choice"]
-        self.choice = Config(**{name: choice[name] for name in Config.model_fields})
+        self.choice = Config(**{name: choice[name] for name in Config.model_fields if name in choice})
 
     @property
     def model_name(self) -> str:
@@ -68,6 +68,18 @@ class LoadedPlan:
         classifier = model["task"] in TASK and TASK[model["task"]].labels in (CLASS_LABELS, TOKEN_LABELS)
         return with_task(config, task, (model.get("num_labels") or None) if classifier else None)
 
+    def from_pretrained_kwargs(self) -> dict:
+        """What `AutoModelFor...from_pretrained(name, **kwargs)` needs for this plan: transformers' tensor-parallel
+        plan for a TP plan (it shards the weights as it loads them, under the launcher's processes), the
+        BitsAndBytesConfig for QLoRA."""
+        kwargs = {}
+        if self.choice.tensor_parallel > 1:
+            kwargs["tp_plan"] = TP_PLAN_AUTO
+        bnb = self.bnb_config()
+        if bnb is not None:
+            kwargs["quantization_config"] = bnb
+        return kwargs
+
     def bnb_config(self):
         """A transformers BitsAndBytesConfig to load a QLoRA plan's base with (None otherwise):
         `AutoModelFor...from_pretrained(name, quantization_config=plan.bnb_config())`."""
@@ -86,6 +98,10 @@ class LoadedPlan:
 
         cfg = self.choice
         self._check_head(model)
+        if cfg.tensor_parallel > 1 and (getattr(model, "tp_size", None) or 1) != cfg.tensor_parallel:
+            raise InputError(f"the plan splits each layer across {cfg.tensor_parallel} GPUs, and this model is not "
+                             "split so", flag="--plan", hint="Load it with from_pretrained(..., "
+                             "**plan.from_pretrained_kwargs()) under accelerate launch, then prepare it.")
         kernel = ATTENTION[effective_attention(model.config, self.attention)].transformers
         if getattr(model.config, "_attn_implementation", None) != kernel and hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(kernel)

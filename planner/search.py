@@ -21,8 +21,8 @@ from planner.memory import states
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.types import Candidate, ThroughputInfo
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, NO_ADAPTER, OFFLOAD, PRECISION, TRACE,
-    UNSHARDED_ENGINE,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, NO_ADAPTER, NO_OFFLOAD, OFFLOAD,
+    PRECISION, TRACE, UNSHARDED_ENGINE,
 )
 
 
@@ -39,6 +39,7 @@ class SearchSpace:
     engine: str = DEFAULT_SHARDING_ENGINE
     optimizer: str = DEFAULT_OPTIMIZER
     adapter: str = NO_ADAPTER                 # what trains (`vocab.ADAPTER`)
+    tensor_parallel: tuple[int, ...] = ()     # tensor-parallel sizes > 1 to plan beside data parallelism
 
 
 def divisors(n: int) -> list[int]:
@@ -80,6 +81,25 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
                            for mb in mbs for ckpt in space.checkpointing]
                 out += [c for c in configs
                         if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
+    return out + _tensor_parallel_configs(space)
+
+
+def _tensor_parallel_configs(space: SearchSpace) -> list[Config]:
+    """Tensor parallel x FSDP2 data parallel (accelerate's ParallelismConfig): each layer split across `tp` GPUs of
+    a node, FULL_SHARD over the `world / tp` data-parallel ranks, no offload."""
+    out = []
+    for size in space.tensor_parallel:
+        dp = space.world_size // size
+        if space.global_batch % dp or 3 not in space.zero_stages or NO_OFFLOAD not in space.offloads:
+            continue
+        per_dp = space.global_batch // dp
+        mbs = [space.micro_batch] if space.micro_batch else divisors(per_dp)
+        for precision in (p for p in space.precisions if PRECISION[p].zero_engines):
+            configs = [Config(micro_batch=mb, grad_accum=per_dp // mb, world_size=space.world_size, precision=precision,
+                              checkpointing=ckpt, zero_stage=3, offload=NO_OFFLOAD, engine=FSDP, tensor_parallel=size)
+                       for mb in mbs if per_dp % mb == 0 for ckpt in space.checkpointing]
+            out += [c for c in configs
+                    if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
     return out
 
 
@@ -129,7 +149,8 @@ class SpeedModel:
         profile, anchor = self.profile(cfg)
         t = tp.step_time(self.evaluation.resolved.spec, self.gpu, cfg, seq_len=self.evaluation.seq_len,
                          gpus_per_node=self.gpus_per_node, profile=profile, traced_micro_batch=anchor,
-                         optimizer=self.evaluation.optimizer, eff=self.eff)
+                         optimizer=self.evaluation.optimizer, eff=self.eff,
+                         tp_share=self.evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0)
         return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
                               step_time_s=t.step_time_s, parts=t.parts)
 

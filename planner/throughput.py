@@ -172,22 +172,25 @@ def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
 
 
 def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency,
-               checkpointed_blocks: int = 0) -> MicroStep:
+               checkpointed_blocks: int = 0, tp: int = 1, tp_share: float = 1.0) -> MicroStep:
     """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
     the configuration's own program (weights' dtype, autocast), so its ops carry their real dtypes; 16-bit ops
     run at the precision's 16-bit peak. Each of `checkpointed_blocks` adds its measured host cost beyond the
-    recomputed ops (`Efficiency.checkpoint_block_us`)."""
+    recomputed ops (`Efficiency.checkpoint_block_us`). With `tp`-way tensor parallelism every GEMM and attention
+    kernel does 1/tp of the work on each GPU and the other kernels move `tp_share` of their bytes (the replicated
+    norms and residual stay whole); the host still issues every kernel."""
     gpu_s = 0.0
     for count, dims, dtype, _phase, scaled in profile.gemms():
         dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
         cdtype = compute_dtype(precision, dtype == HALF)
-        gpu_s += count * gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
+        seconds = gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
+        gpu_s += count * (seconds if tp == 1 else max(seconds / tp, GEMM_LATENCY_S))
     for key, (fl, scaled, fixed, count) in profile.attention.items():
         peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
         moved = scaled * scale + fixed
-        gpu_s += max(fl * scale / peak, moved / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
+        gpu_s += max(fl * scale / peak / tp, moved / bandwidth(gpu, eff) / tp, count * eff.launch_us * 1e-6)
     for scaled, fixed, count in profile.memory.values():
-        gpu_s += max((scaled * scale + fixed) / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
+        gpu_s += max((scaled * scale + fixed) * tp_share / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
     cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
     return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
 
@@ -227,15 +230,15 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
                           eff: Efficiency) -> float:
     """Collectives per optimizer step that the backward (or, for ZeRO-3 gathers, the micro-step) does not hide:
     all of a collective beyond the compute it overlaps, and the last bucket, which has nothing left to overlap."""
-    world, n = cfg.world_size, cfg.grad_accum
-    grads = spec.trainable_parameters * cfg.grad_bytes()
+    world, n = cfg.data_parallel, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
+    grads = spec.trainable_parameters * cfg.grad_bytes() / cfg.tensor_parallel
     if world <= 1:
         return 0.0
     allreduce = 2 * ring_seconds(grads, world, per_node, gpu, eff)
     last_bucket = allreduce * min(1.0, DDP_BUCKET_BYTES / max(grads, 1))
     if cfg.engine == TORCH or cfg.zero_stage == 1:  # one all-reduce per step, in the last micro-step's backward
         return max(0.0, allreduce - backward_s) + last_bucket
-    weights16 = spec.parameters * cfg.weight_bytes()
+    weights16 = spec.parameters * cfg.weight_bytes() / cfg.tensor_parallel
     reduce_scatter = ring_seconds(grads, world, per_node, gpu, eff)
     if cfg.zero_stage == 2:  # a reduce-scatter every micro-step; the weights gathered once per step
         return n * (max(0.0, reduce_scatter - backward_s) + last_bucket / 2) + ring_seconds(weights16, world, per_node,
@@ -252,12 +255,30 @@ def offload_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> 
     return cfg.grad_accum * 2 * spec.parameters / cfg.world_size * cfg.weight_bytes() / host_link(gpu, eff)
 
 
+def tensor_parallel_seconds(spec: ModelSpec, cfg: Config, seq_len: int, gpus_per_node: int, gpu: GPU,
+                            eff: Efficiency) -> float:
+    """A micro-step's tensor-parallel all-reduces, which the step waits for: one after the attention and one after
+    the MLP of every block, in the forward and again in the backward (and in a checkpointed forward's recompute), each
+    of the micro-batch's hidden states (Shoeybi et al. 2019, arXiv 1909.08053, section 3: the f and g operators)."""
+    tp = cfg.tensor_parallel
+    if tp <= 1:
+        return 0.0
+    width = 2 if cfg.half_dtype() else 4
+    nbytes = cfg.micro_batch * seq_len * spec.hidden * width
+    passes = 2 + int(CHECKPOINTING[cfg.checkpointing].enabled)
+    return spec.layers * 2 * passes * 2 * ring_seconds(nbytes, tp, gpus_per_node, gpu, eff)
+
+
 def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
-              traced_micro_batch: int, optimizer: str, eff: Efficiency) -> Throughput:
-    """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`."""
+              traced_micro_batch: int, optimizer: str, eff: Efficiency, tp_share: float = 1.0) -> Throughput:
+    """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`
+    (`tp_share`: the share of the unsplit model's activation bytes a tensor-parallel rank keeps)."""
     blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
-    micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff, blocks)
-    micro = replace(micro, gpu_s=micro.gpu_s + dequantize_seconds(spec, cfg, gpu, eff))
+    micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff, blocks,
+                       cfg.tensor_parallel, tp_share)
+    extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, seq_len, gpus_per_node, gpu,
+                                                                               eff)
+    micro = replace(micro, gpu_s=micro.gpu_s + extra)
     backward = micro.seconds * _backward_share(profile)
     compute = cfg.grad_accum * micro.seconds
     opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)

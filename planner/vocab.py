@@ -56,6 +56,8 @@ FP32_COMPUTE = COMPUTE_DTYPES[-1]
 DEFAULT_PRECISION = "bf16-mixed"
 #: The precision request that lets the planner choose.
 AUTO = "auto"
+#: transformers' `from_pretrained(tp_plan=...)` value that applies the model's own tensor-parallel plan
+TP_PLAN_AUTO = AUTO
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,8 @@ class Prober:
     def _unprobeable(self, context, cfg) -> str | None:
         if context.plan is None or context.resolved.spec.source not in ("folder", "hf-cache", "preset", "hub"):
             return "a model given as a Python object cannot be rebuilt by the training script: modelled only"
+        if cfg.tensor_parallel > 1:  # transformers applies a TP plan while loading a checkpoint (tp_plan="auto")
+            return "tensor parallelism shards a checkpoint as it loads, and a probe has none: modelled only"
         if cfg.engine == DEEPSPEED:
             try:
                 import deepspeed  # noqa: F401

@@ -109,3 +109,56 @@ def test_batchnorm_gets_the_accumulation_warning_with_what_to_do():
 
     note = scale_lr(1e-3, 64, 64, "auto", "sgd", has_batchnorm=True, micro_batch=4).notes[0]
     assert "SyncBatchNorm" in note and "LayerNorm" in note and "4 samples" in note
+
+
+def test_tensor_parallel_candidates_stand_beside_zero3_for_a_70b_model(tmp_path):
+    import yaml
+    from accelerate.parallelism_config import ParallelismConfig
+
+    p = plan("meta-llama/Llama-3.1-70B", 512, gpu="H100-80GB", gpus_per_node=8, nodes=4)
+    kinds = {(c.config.tensor_parallel, c.config.engine, c.config.zero_stage) for c in p.candidates if c.fits}
+    assert {t for t, _, _ in kinds} >= {1, 2, 4, 8} and ("deepspeed" in {e for _, e, z in kinds if z == 3})
+    cfg = p.choice.config
+    assert cfg.tensor_parallel * cfg.data_parallel == 32 and cfg.global_batch == 512
+    assert any("Tensor parallel" in n and "x the tokens/s" in n for n in p.notes) or cfg.tensor_parallel == 1
+    tp = next(c for c in p.candidates if c.fits and c.config.tensor_parallel == 8)
+    from emit import EmitOptions
+
+    emit(p.model_copy(update={"choice": tp}), tmp_path / "run", EmitOptions(main_process_ip="10.0.0.1"))
+    acc = yaml.safe_load((tmp_path / "run" / "accelerate_config.yaml").read_text())
+    assert acc["distributed_type"] == "FSDP" and acc["fsdp_config"]["fsdp_version"] == 2
+    sizes = acc["parallelism_config"]
+    pc = ParallelismConfig(dp_shard_size=sizes["parallelism_config_dp_shard_size"],
+                           tp_size=sizes["parallelism_config_tp_size"])
+    assert pc.tp_size == 8 and pc.dp_shard_size == 4
+
+
+def test_tensor_parallel_splits_memory_and_pays_all_reduces():
+    p = plan("meta-llama/Llama-3.1-8B", 64, seq_len=4096, gpu="H100-80GB", gpus_per_node=8, micro_batch=2,
+             checkpointing="none", precision="bf16-mixed", engine="fsdp")
+    tp = {c.config.tensor_parallel: c for c in p.candidates
+          if c.config.engine == "fsdp" and c.config.zero_stage == 3 and c.config.offload == "none"}
+    assert tp[8].memory.activations < tp[1].memory.activations / 2  # the heads and MLP split 8 ways
+    assert tp[8].memory.activations > tp[1].memory.activations / 8  # norms, residual and logits stay whole
+    assert tp[8].throughput.parts.compute > tp[1].throughput.parts.compute / 8  # the all-reduces are waited for
+
+
+def test_models_without_a_tp_plan_say_why_and_prepare_checks_the_split(tmp_path):
+    import transformers
+
+    from planner import load_plan
+
+    p = plan("bigscience/bloom-560m", 64, gpu="A100-80GB", gpus_per_node=8)
+    assert any("no tensor-parallel plan" in n for n in p.notes)
+    assert all(c.config.tensor_parallel == 1 for c in p.candidates)
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=8, num_key_value_heads=4, vocab_size=300,
+                                      architectures=["LlamaForCausalLM"])
+    config.save_pretrained(tmp_path / "tiny")
+    q = plan(str(tmp_path / "tiny"), 32, gpu="A100-80GB", gpus_per_node=4, seq_len=64)
+    tp = next(c for c in q.candidates if c.fits and c.config.tensor_parallel == 4)
+    emit(q.model_copy(update={"choice": tp}), tmp_path / "run")
+    loaded = load_plan(tmp_path / "run")
+    assert loaded.from_pretrained_kwargs() == {"tp_plan": "auto"}
+    with pytest.raises(InputError, match="not split"):
+        loaded.prepare(transformers.LlamaForCausalLM(config))

@@ -52,8 +52,12 @@ class Widths:
         return Widths(matmul, kept, residual)
 
 
-def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: str, checkpointing: str) -> float:
-    """Saved bytes per token for one block with no checkpointing, or with selective checkpointing."""
+def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: str, checkpointing: str,
+                          tp: int = 1) -> float:
+    """Saved bytes per token for one block with no checkpointing, or with selective checkpointing. With `tp`-way
+    tensor parallelism (Megatron-style, no sequence parallelism: Korthikanti et al. 2022 eq. 2, 10sbh + 24sbh/t +
+    5as^2b/t) the inputs of the column-parallel matmuls, the norms and the residual stay whole on every GPU; the
+    heads, the attention kernel's tensors and the MLP's inner tensors are split."""
     h, f, a = spec.hidden, spec.ffn, spec.heads
     kv_full = h  # repeat_kv expands K and V to all heads before the kernel
     norms = 2 * w.kept * h  # two norm inputs (fp32 under autocast)
@@ -72,17 +76,18 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     mlp_inner = (4 if spec.gated_mlp else 2) * w.matmul * f * experts
     dropout = 2 * MASK_BYTES * h if spec.hidden_dropout > 0 else 0
     if CHECKPOINTING[checkpointing].per_op_policy:  # matmul and attention outputs only
-        return w.matmul * (3 * h + (3 * f if spec.gated_mlp else f) * experts) + (
-            seq_len * a * w.matmul if KERNEL[attention].saves_scores else attn_kernel)
-    return norms + qkv_in + q_k_v + attn_kernel + out_in + mlp_in + mlp_inner + dropout
+        return (w.matmul * (h + 2 * h / tp + (3 * f if spec.gated_mlp else f) * experts / tp)
+                + (seq_len * a * w.matmul if KERNEL[attention].saves_scores else attn_kernel) / tp)
+    return norms + qkv_in + mlp_in + dropout + (q_k_v + attn_kernel + out_in + mlp_inner) / tp
 
 
 def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activations: str, attention: str,
-                     checkpointing: str) -> dict[str, int]:
-    """Named activation terms (bytes) for one micro-batch of the whole model."""
+                     checkpointing: str, tp: int = 1) -> dict[str, int]:
+    """Named activation terms (bytes) for one micro-batch of the whole model, per GPU of a `tp`-way tensor-parallel
+    group (the logits are gathered whole: transformers' plans make the LM head `colwise_rep`)."""
     w = Widths.of(activations)
     tokens = micro_batch * seq_len
-    per_block = block_bytes_per_token(spec, w, seq_len, attention, checkpointing)
+    per_block = block_bytes_per_token(spec, w, seq_len, attention, checkpointing, tp)
     info = CHECKPOINTING[checkpointing]
     if info.enabled and not info.per_op_policy:  # full: block inputs, plus one block's activations in recompute
         blocks = spec.layers * w.residual * spec.hidden * tokens + per_block * tokens
@@ -96,6 +101,6 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
     # autocast casts fp32 weights; with adapters only the trainable ones are fp32 (the frozen base is 16-bit)
     cast = spec.trainable_parameters if ADAPTER[spec.adapter].trains_adapters else (
         spec.parameters - spec.embedding_parameters)
-    copies = 2 * cast if autocast_copies else 0
+    copies = 2 * cast // tp if autocast_copies else 0
     return {"blocks": int(blocks), "logits_and_loss": int(logits), "embeddings": int(embeddings),
             "autocast_weight_copies": int(copies)}

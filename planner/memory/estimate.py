@@ -259,7 +259,12 @@ class Evaluation:
     def activations(self, cfg: Config, method: str) -> tuple[int, EstimateMethod]:
         """Activation bytes of one micro-batch and the method that produced them. Optimizer states and
         temporaries are counted by formula; traces run at this very micro-batch (two depths, extrapolated per
-        block), so they are exact for it."""
+        block), so they are exact for it. A tensor-parallel rank keeps the traced bytes times the formulas' ratio
+        of its share to the whole (`tensor_parallel_share`): the trace runs the unsplit model."""
+        if cfg.tensor_parallel > 1:
+            whole = cfg.model_copy(update={"tensor_parallel": 1})
+            act, used = self.activations(whole, method)
+            return int(act * self.tensor_parallel_share(cfg)), used
         spec, resolved = self.resolved.spec, self.resolved
         req = self.trace_request(cfg)
         if method != ANALYTIC and resolved.config is not None:
@@ -273,6 +278,15 @@ class Evaluation:
                                           activations=req.activations, attention=req.attention,
                                           checkpointing=cfg.checkpointing)
         return sum(terms.values()), ANALYTIC
+
+    def tensor_parallel_share(self, cfg: Config) -> float:
+        """A tensor-parallel rank's activations over the unsplit model's, by formula (planner/memory/analytic.py)."""
+        req = self.trace_request(cfg)
+        terms = [analytic.activation_bytes(self.resolved.spec, micro_batch=cfg.micro_batch, seq_len=self.seq_len,
+                                           activations=req.activations, attention=req.attention,
+                                           checkpointing=cfg.checkpointing, tp=tp)
+                 for tp in (1, cfg.tensor_parallel)]
+        return sum(terms[1].values()) / max(1, sum(terms[0].values()))
 
     def speed_profile(self, cfg: Config):
         """The op profile of one micro-step of `cfg`'s program (its weights' dtype and autocast, its attention
@@ -311,7 +325,7 @@ class Evaluation:
         """What the caching allocator reserves beyond the step's own live bytes: replayed from the trace, or for a
         formula estimate a share of its activations (`gpu.ANALYTIC_SLACK_FRACTION`)."""
         if method == TRACE:
-            return self._fit(cfg).slack
+            return int(self._fit(cfg).slack * (self.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1))
         return int(ANALYTIC_SLACK_FRACTION * act)
 
     def estimate(self, cfg: Config, method: str = AUTO_METHOD) -> MemoryEstimate:

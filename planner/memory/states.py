@@ -192,7 +192,9 @@ def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block
     world, width = cfg.world_size, cfg.weight_bytes()
     stored = FP32_BYTES * parameters if frozen_bytes is None else FP32_BYTES * trainable + frozen_bytes
     shard = stored // world
-    gathered = FSDP_GATHERED_BLOCKS * block * width if cfg.zero_stage == 3 else parameters * width
+    # FSDP gathers over the data-parallel ranks only: a tensor-parallel rank holds 1/tp of every gathered weight
+    gathered = (FSDP_GATHERED_BLOCKS * block * width if cfg.zero_stage == 3 else parameters * width) // (
+        cfg.tensor_parallel)
     grads = FP32_BYTES * trainable // world
     optim = optim_fp32 // world
     if OFFLOAD[cfg.offload].params_on_cpu:

@@ -19,6 +19,7 @@ from planner.models.build import build_meta, spec_from_model
 from planner.models.presets import find_preset, presets
 from planner.models.spec import ModelSpec
 from planner.models.validate import check_config
+from planner.vocab import AUTO
 
 __all__ = ["ModelSpec", "ResolvedModel", "resolve_model", "trained_as", "presets"]
 
@@ -45,7 +46,7 @@ def resolve_model(source, *, trust_remote_code: bool = False, task: str | None =
 
     if isinstance(source, ResolvedModel):
         return source
-    changes = (task not in (None, "auto")) or num_labels is not None or adapter is not None
+    changes = (task not in (None, AUTO)) or num_labels is not None or adapter is not None
     if _is_module(source):
         if changes:
             raise InputError("a model passed as a module is planned as it is", flag="--task",
