@@ -112,6 +112,12 @@ def _yaml(data) -> str:
 def render_files(plan, opts: EmitOptions, folder: str = ".") -> dict[str, str]:
     """File name -> contents, with the configs referring to each other inside `folder`. Pure."""
     opts.check(plan.hardware.nodes)
+    from planner.export import emit_problem
+
+    problem = emit_problem(plan)
+    if problem:
+        raise InputError(problem, flag="--optimizer", hint="Plan with an optimizer the Trainer or DeepSpeed has, or "
+                         "drop --emit and build it yourself.")
     base = folder.rstrip("/")
     ds_path, host_path = f"{base}/{DS_CONFIG}", f"{base}/{HOSTFILE}"
     deepspeed = plan.choice.config.engine == DEEPSPEED

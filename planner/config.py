@@ -86,6 +86,10 @@ class Config(BaseModel):
         DeepSpeedCPUAdam unless zero_force_ds_cpu_optimizer is off), and FSDP's CPU offload steps with a torch
         optimizer on the host."""
         info, offload = OPTIMIZER[optimizer], OFFLOAD[self.offload]
+        if info.client is not None and self.sharded:  # LAMB: its trust ratio is per layer
+            return (f"{optimizer} is built by the script (plan.create_optimizer) for unsharded training: ZeRO and FSDP "
+                    "hand an optimizer flattened or DTensor shards, over which a per-layer trust ratio is not LAMB's "
+                    "(DeepSpeed's own Lamb also needs fp16 dynamic loss scaling, deepspeed/runtime/engine.py)")
         if not offload.optimizer_on_cpu:
             return None
         if self.engine == DEEPSPEED and info.deepspeed is None:

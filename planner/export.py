@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from planner.config import Config
 from planner.memory.estimate import DeepSpeedBuckets
-from planner.vocab import CHECKPOINTING, DEEPSPEED, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION, TORCH
+from planner.vocab import (
+    CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
+)
 
 #: Gradient clipping norm emitted for every engine (the Trainer's default max_grad_norm).
 GRADIENT_CLIPPING = 1.0
@@ -159,7 +161,7 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
         "max_grad_norm": GRADIENT_CLIPPING,
         "lr_scheduler_type": LR_SCHEDULER,
         "warmup_steps": plan.lr.warmup_steps,
-        "optim": info.trainer,
+        "optim": info.trainer or OPTIMIZER[DEFAULT_OPTIMIZER].trainer,  # a placeholder for plan.create_optimizer's
         "weight_decay": WEIGHT_DECAY,
         "ddp_find_unused_parameters": False,
     }
@@ -203,3 +205,12 @@ def loss_scaling(plan) -> dict | None:
     policy = dict(FP16_LOSS_SCALING) if cfg.engine == DEEPSPEED else dict(TORCH_GRAD_SCALER)
     return {"engine": "deepspeed" if cfg.engine == DEEPSPEED else "torch.amp.GradScaler", **policy,
             "clip_grad_norm_after_unscale": GRADIENT_CLIPPING}
+
+
+def emit_problem(plan) -> str | None:
+    """Why the plan's files cannot train it as planned, or None: an optimizer no library here implements."""
+    info = OPTIMIZER[plan.optimizer]
+    if info.trainer is None and info.client is None:
+        return (f"no library trainplan drives implements {plan.optimizer} (torch, transformers, DeepSpeed, "
+                "bitsandbytes): the plan's memory and speed stand, but emitted files would train another optimizer")
+    return None

@@ -55,7 +55,8 @@ def scale_lr(base_lr: float | None, global_batch: int, reference_batch: int, sca
     factor = LR_SCALING[rule].factor(k)
     notes = []
     warmup = 0
-    if base_lr is not None and factor >= WARMUP_SUGGESTION_FACTOR:  # no LR asked for: none written, no warmup
+    wants_warmup = factor >= WARMUP_SUGGESTION_FACTOR or (OPTIMIZER[optimizer].warmup and factor > 1)
+    if base_lr is not None and wants_warmup:  # no LR asked for: none written, no warmup
         warmup = int(WARMUP_STEPS_PER_FACTOR * factor)
         if run_steps is not None and warmup > WARMUP_MAX_FRACTION * run_steps:
             warmup = max(1, int(WARMUP_MAX_FRACTION * run_steps))

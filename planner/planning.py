@@ -102,7 +102,7 @@ def _plan_notes(precision: str, gpu, evaluation, hardware: Hardware, ranked: lis
 def _finish(result: Plan, resolved) -> Plan:
     """The notes that depend on the final choice: how the loss is normalised over the accumulated micro-batches,
     and the fp16 loss-scaling policy."""
-    notes = _loss_normalisation_note(result, resolved) + _loss_scaling_note(result)
+    notes = _loss_normalisation_note(result, resolved) + _loss_scaling_note(result) + _optimizer_note(result)
     return result.model_copy(update={"notes": result.notes + notes}) if notes else result
 
 
@@ -140,6 +140,19 @@ def _accepts_loss_kwargs(resolved) -> bool:
     forward = getattr(cls, "forward", None)
     return forward is not None and any(p.kind == inspect.Parameter.VAR_KEYWORD
                                        for p in inspect.signature(forward).parameters.values())
+
+
+def _optimizer_note(result: Plan) -> tuple[str, ...]:
+    """How an optimizer the Trainer cannot name is trained (LAMB), or that it cannot be emitted (Sophia)."""
+    info = OPTIMIZER[result.optimizer]
+    if info.trainer is not None:
+        return ()
+    if info.client is None:
+        return (f"{result.optimizer}: planned for memory and speed; no library here implements it, so --emit "
+                "refuses (the files would train another optimizer).",)
+    return (f"{result.optimizer}: the Trainer has no name for it; training_args.json's optim is a placeholder: pass "
+            f"Trainer(..., optimizers=(plan.create_optimizer(model), None)) ({info.client}; the shipped script "
+            "does). Warm up whenever the LR is scaled up.",)
 
 
 def _loss_scaling_note(result: Plan) -> tuple[str, ...]:

@@ -68,6 +68,28 @@ class LoadedPlan:
         classifier = model["task"] in TASK and TASK[model["task"]].labels in (CLASS_LABELS, TOKEN_LABELS)
         return with_task(config, task, (model.get("num_labels") or None) if classifier else None)
 
+    def create_optimizer(self, model):
+        """The plan's optimizer where the Trainer has no name for it (LAMB: bitsandbytes' `LAMB`), for
+        `Trainer(..., optimizers=(plan.create_optimizer(model), None))`; None where training_args.json names it."""
+        from planner.vocab import OPTIMIZER
+
+        info = OPTIMIZER[self.optimizer]
+        if info.client is None:
+            return None
+        import importlib
+
+        module, name = info.client.rsplit(".", 1)
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError as err:
+            raise InputError(f"{self.optimizer} needs {module.split('.')[0]}", flag="--optimizer",
+                             hint=f"pip install {module.split('.')[0]}") from err
+        args = self.training_arguments_dict()
+        params = [p for p in model.parameters() if p.requires_grad]
+        return cls(params, lr=args.get("learning_rate", 5e-5), betas=(args.get("adam_beta1", 0.9),
+                   args.get("adam_beta2", 0.999)), eps=args.get("adam_epsilon", 1e-8),
+                   weight_decay=args.get("weight_decay", 0.0))
+
     def from_pretrained_kwargs(self) -> dict:
         """What `AutoModelFor...from_pretrained(name, **kwargs)` needs for this plan: transformers' tensor-parallel
         plan for a TP plan (it shards the weights as it loads them, under the launcher's processes), the

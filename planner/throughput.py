@@ -206,6 +206,7 @@ def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, ef
     state = cfg.state_width() if info.follows_weights else 1
     states = info.state_bytes // 4 if info.follows_weights else info.state_bytes
     per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
+    per_param += info.norm_passes * cfg.weight_bytes()  # LAMB: the weights' and the update's norms per layer
     per_param += 2 * cfg.grad_bytes()  # clip_grad_norm_: the norm reads the gradients, the scale rewrites them
     if cfg.engine == DEEPSPEED:  # the fp32 master steps, then is copied into the 16-bit weights
         per_param += 2 * cfg.master_bytes() + cfg.weight_bytes()

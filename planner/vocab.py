@@ -87,13 +87,17 @@ class OptimizerInfo:
     doc: str
     state_bytes: int                # optimizer state bytes per trainable parameter when states are fp32
     lr_rule: str                    # LR scaling the `auto` rule applies: sqrt (Adam-family), linear (SGD-family)
-    trainer: str                    # transformers TrainingArguments.optim (transformers/training_args.py OptimizerNames)
+    trainer: str | None             # TrainingArguments.optim (transformers/training_args.py OptimizerNames); None: none
     torch_class: str | None = None  # torch.optim class traces and benchmarks build; None: not in torch
     options: str = ""               # extra arguments, in TrainingArguments.optim_args' "key=value,..." form
     deepspeed: str | None = None    # DeepSpeed optimizer block type; None: a client optimizer the Trainer builds
     adam_betas: bool = False        # takes Adam's betas and eps
     follows_weights: bool = True    # states take the parameters' dtype (bf16-true halves them); quantised do not
     factored: bool = False          # second moment factored per matrix (shape-dependent bytes)
+    #: a class the script builds itself (`LoadedPlan.create_optimizer`) where the Trainer has no name for it
+    client: str | None = None
+    norm_passes: int = 0            # extra reads of weights and update per step (LAMB's per-layer trust ratio)
+    warmup: bool = False            # meant to be used with LR warmup whenever the LR is scaled up
 
 
 #: state_bytes: adam/adamw exp_avg + exp_avg_sq (4 + 4); sgd-momentum momentum_buffer (4); lion exp_avg (4, Chen et al.
@@ -115,6 +119,16 @@ OPTIMIZER: dict[str, OptimizerInfo] = {
     "paged-adamw-8bit": OptimizerInfo("bitsandbytes PagedAdamW8bit: AdamW8bit with states in CUDA unified memory, "
                                       "paged to the host under memory pressure (QLoRA's optimizer)", 2, "sqrt",
                                       "paged_adamw_8bit", adam_betas=True, follows_weights=False),
+    # LAMB (You et al. 2020, arXiv 1904.00962, section 4: square-root LR scaling with linear-epoch warmup): Adam's two
+    # moments and a per-layer trust ratio ||w|| / ||update||; the Trainer has no LAMB, bitsandbytes has
+    # (bitsandbytes/optim/lamb.py `LAMB`), built by `plan.create_optimizer(model)`.
+    "lamb": OptimizerInfo("LAMB: Adam moments with a per-layer trust ratio, for large batches (bitsandbytes' LAMB)", 8,
+                          "sqrt", None, adam_betas=True, client="bitsandbytes.optim.LAMB", norm_passes=2, warmup=True),
+    # Sophia (Liu et al. 2023, arXiv 2305.14342): a momentum and a diagonal Hessian estimate (two states), the
+    # estimate refreshed every k = 10 steps by an extra backward; in none of torch, transformers, DeepSpeed or
+    # bitsandbytes, so it is planned but not emitted.
+    "sophia": OptimizerInfo("Sophia: momentum and a diagonal Hessian estimate (no library here implements it: planned, "
+                            "not emitted)", 8, "sqrt", None),
     "lion": OptimizerInfo("Lion: sign update, one momentum state (bitsandbytes on the torch engine)", 4, "sqrt",
                           "lion_32bit", deepspeed="Lion"),
 }

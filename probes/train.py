@@ -179,7 +179,9 @@ def _train(plan, args) -> Measurement:
     model = plan.prepare(build_model(plan, config, args.trust_remote_code))  # after the arguments: zero.Init
     data = SyntheticBatches(model, cfg.global_batch * total, plan.seq_len)
     meter = StepMeter(warmup=args.warmup, cuda=cuda, model=model)
-    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[meter])
+    optimizer = plan.create_optimizer(model)  # LAMB: a class the Trainer has no name for
+    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[meter],
+                      optimizers=(optimizer, None) if optimizer is not None else (None, None))
     if not cuda:
         _fsdp_on_cpu(trainer, cfg)
     start = time.perf_counter()

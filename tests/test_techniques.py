@@ -162,3 +162,50 @@ def test_models_without_a_tp_plan_say_why_and_prepare_checks_the_split(tmp_path)
     assert loaded.from_pretrained_kwargs() == {"tp_plan": "auto"}
     with pytest.raises(InputError, match="not split"):
         loaded.prepare(transformers.LlamaForCausalLM(config))
+
+
+def test_lamb_is_planned_unsharded_with_warmup_and_built_by_the_script(tmp_path):
+    import transformers
+
+    from planner import load_plan
+    from planner.lr import scale_lr
+
+    lamb = plan("gpt2", 64, gpu="A100-80GB", gpus_per_node=2, seq_len=256, optimizer="lamb", precision="bf16-mixed")
+    adam = plan("gpt2", 64, gpu="A100-80GB", gpus_per_node=2, seq_len=256, optimizer="adamw", precision="bf16-mixed",
+                zero_stage=0)
+    assert lamb.choice.config.zero_stage == 0 and lamb.choice.memory.optimizer_states == \
+        adam.choice.memory.optimizer_states  # two fp32 moments, as Adam
+    assert lamb.choice.throughput.parts.optimizer > adam.choice.throughput.parts.optimizer  # the trust-ratio norms
+    assert any("create_optimizer" in n for n in lamb.notes)
+    with pytest.raises(InputError, match="per-layer trust ratio"):
+        plan("gpt2", 64, gpu="A100-80GB", gpus_per_node=2, seq_len=256, optimizer="lamb", zero_stage=2,
+             offload="none")
+    assert scale_lr(1e-3, 512, 256, "auto", "lamb").warmup_steps > 0  # x1.4 already warms up, as LAMB is used
+    assert scale_lr(1e-3, 512, 256, "auto", "adamw").warmup_steps == 0
+    emit(lamb, tmp_path / "run")
+    loaded = load_plan(tmp_path / "run")
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        with pytest.raises(InputError, match="bitsandbytes"):
+            loaded.create_optimizer(model)
+    assert load_plan(_emitted_adamw(tmp_path)).create_optimizer(model) is None
+
+
+def _emitted_adamw(tmp_path):
+    emit(plan("gpt2", 8, gpu="A100-80GB", seq_len=128), tmp_path / "adamw")
+    return tmp_path / "adamw"
+
+
+def test_sophia_is_planned_but_not_emitted(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    p = plan("gpt2", 8, gpu="A100-80GB", seq_len=128, optimizer="sophia", precision="fp32")
+    assert p.choice.memory.optimizer_states == 8 * p.model.trainable_parameters
+    result = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--gpu", "A100-80GB", "--optimizer",
+                                      "sophia", "--emit", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "--optimizer" in result.output and "implements sophia" in result.output
+    assert not (tmp_path / "run" / "training_args.json").exists()
