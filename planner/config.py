@@ -106,7 +106,7 @@ class Config(BaseModel):
         if info.quantized_base and self.sharded:
             return ("QLoRA is planned on one GPU or DDP: sharding a 4-bit base (DeepSpeed ZeRO-3, FSDP) needs "
                     "bitsandbytes to store it in the compute dtype (bnb_4bit_quant_storage), which trainplan does not "
-                    "plan, and ZeRO-1/2 step the 16-bit parameters DeepSpeed expects")
+                    "plan; DeepSpeed's ZeRO-1/2 optimizers expect floating-point parameters")
         return None
 
     # --- sizes

@@ -41,6 +41,13 @@ def test_list_gpus_json():
     assert {"A100-80GB", "H100-80GB", "T4-16GB"} <= {r["name"] for r in rows}
 
 
+def test_list_gpus_shows_a_dash_where_a_figure_is_missing():
+    result = invoke("--list-gpus")
+    assert result.exit_code == 0, result.output
+    v100 = next(line for line in result.stdout.splitlines() if "V100-16GB" in line)
+    assert "—" in v100 and "None" not in result.stdout  # no bf16 peak on Volta
+
+
 def test_list_models():
     result = invoke("--list-models")
     assert result.exit_code == 0, result.output
