@@ -203,7 +203,7 @@ def loss_scaling(plan) -> dict | None:
     if not PRECISION[cfg.precision].loss_scaling:
         return None
     policy = dict(FP16_LOSS_SCALING) if cfg.engine == DEEPSPEED else dict(TORCH_GRAD_SCALER)
-    return {"engine": "deepspeed" if cfg.engine == DEEPSPEED else "torch.amp.GradScaler", **policy,
+    return {"engine": DEEPSPEED if cfg.engine == DEEPSPEED else "torch.amp.GradScaler", **policy,
             "clip_grad_norm_after_unscale": GRADIENT_CLIPPING}
 
 

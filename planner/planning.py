@@ -159,7 +159,7 @@ def _loss_scaling_note(result: Plan) -> tuple[str, ...]:
     policy = result.loss_scaling()
     if policy is None:
         return ()
-    if policy["engine"] == "deepspeed":
+    if policy["engine"] == DEEPSPEED:
         rule = (f"DeepSpeed's dynamic scale starts at 2^{policy['initial_scale_power']}, halves on an overflow after "
                 f"{policy['hysteresis']} in a row (the step is skipped), doubles after {policy['loss_scale_window']} "
                 f"clean steps, never below {policy['min_loss_scale']}")
