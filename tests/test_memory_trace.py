@@ -134,3 +134,19 @@ def test_sequence_fit_predicts_an_untraced_length():
     assert fit.c2 > 0
     direct = trace_activations(config, "tiny-seq", 6, replace(r, seq_len=192), batch_slope=False).activations(6, 2)
     assert fit.activations(192) == pytest.approx(direct, rel=0.03)
+
+
+def test_a_model_op_without_a_meta_kernel_falls_back_quietly(caplog):
+    """transformers 5's fused MoE experts call aten._grouped_mm, whose meta kernel takes bf16 only: an fp32 trace
+    fails, the estimate falls back to the formulas, and torch's ERROR log of that failure is not shown to users."""
+    import logging
+
+    from planner.memory.estimate import estimate_memory
+
+    config = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                        num_local_experts=4, num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
+    with caplog.at_level(logging.ERROR):
+        est = estimate_memory(config, micro_batch=2, seq_len=32, precision="fp32", gpu="A100-80GB")
+    assert est.peak > 0
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]

@@ -236,6 +236,22 @@ def _prepare_config(config, layers, req):
 
 
 @contextlib.contextmanager
+def _quiet_fake_tensor_errors():
+    """An op the model runs that has no meta kernel for these inputs (e.g. `aten._grouped_mm` with fp32 experts) makes
+    the trace fail, and the caller falls back to the formulas; torch also logs that failure with its traceback at
+    ERROR level (torch/_subclasses/fake_tensor.py `_dispatch_impl`), which is not for a planner's user to read."""
+    import logging
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def _real_mask_decisions():
     """Let transformers skip the attention mask under fake tensors as it does for real ones.
 
@@ -314,7 +330,7 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
                        adapter=req.adapter, mixed_dtype=mixed)
     tracker = LiveStorageTracker()
     recorder = OpRecorder(req.micro_batch, req.seq_len)
-    with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions():
+    with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions(), _quiet_fake_tensor_errors():
         model.to_empty(device="cpu")
         model.tie_weights()
         model.train()
