@@ -145,7 +145,8 @@ def test_a_model_op_without_a_meta_kernel_falls_back_quietly(caplog):
 
     config = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                                        num_local_experts=4, num_experts_per_tok=2, architectures=["MixtralForCausalLM"])
+                                        num_local_experts=4, num_experts_per_tok=2,
+                                        architectures=["MixtralForCausalLM"])
     with caplog.at_level(logging.ERROR):
         est = estimate_memory(config, micro_batch=2, seq_len=32, precision="fp32", gpu="A100-80GB")
     assert est.peak > 0
