@@ -3,12 +3,11 @@
 The head: `--task` names a transformers auto mapping (`vocab.TASK`), whose class for the config's model type
 replaces `architectures[0]`, with `num_labels` for classifiers. Adapters: peft's own `get_peft_model` injects them
 into the meta model, so trainable parameters are exactly what peft counts (`get_nb_trainable_parameters`), and
-the traced step runs peft's LoRA forward (its dropout, its A/B matmuls). Under mixed precision the frozen base
-is kept in the 16-bit compute dtype and the trainable parameters in fp32, as peft's `cast_mixed_precision_params`
-does (peft/utils/other.py). QLoRA's base is traced as frozen 16-bit linears (bitsandbytes does not run on fake
-tensors); its 4-bit storage is counted by formula (`planner/memory/states.py` `nf4_bytes`) over the linears
-transformers' bitsandbytes quantizer converts (transformers/quantizers/base.py `get_keys_to_not_convert` keeps
-the output head, tied weights and the last module in 16 bits).
+the traced step runs peft's LoRA forward (its dropout, its A/B matmuls). With a 16-bit computation (mixed
+precision, or a bf16 model) the frozen base is kept in the 16-bit dtype and the trainable parameters in fp32, as
+peft's `cast_mixed_precision_params` does (peft/utils/other.py). QLoRA's base is traced as frozen 16-bit linears
+(bitsandbytes does not run on fake tensors); its 4-bit storage is counted by formula (`planner/memory/states.py`
+`nf4_bytes`) over the modules transformers' bitsandbytes integration converts (`quantized_linear_numel`).
 """
 
 from __future__ import annotations
