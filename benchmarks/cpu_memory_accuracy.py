@@ -19,8 +19,7 @@ import torch
 import transformers
 
 from planner.memory.estimate import estimate_memory
-from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
-from planner.memory.tracker import LiveStorageTracker
+from planner.memory.step import cpu_step_peak, enable_checkpointing, make_batch, make_optimizer
 from planner.vocab import PRECISION
 
 
@@ -66,20 +65,8 @@ def real_peak(config, micro_batch, seq, precision, optimizer, checkpointing, gra
     model = cls._from_config(config, dtype=dtype)
     model.train()
     enable_checkpointing(model, checkpointing)
-    opt = make_optimizer(model, optimizer)
     batch = make_batch(model, micro_batch, seq)
-    autocast = PRECISION[precision].autocast
-    for _ in range(2):  # warm-up step, then the measured one
-        tracker = LiveStorageTracker()
-        with tracker:
-            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
-            tracker.track_all(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
-            tracker.reset_peak()
-            for _ in range(grad_accum):
-                micro_step(model, batch, autocast)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return tracker.peak
+    return cpu_step_peak(model, make_optimizer(model, optimizer), batch, PRECISION[precision].autocast, grad_accum)
 
 
 def run(out: str | None) -> list[dict]:

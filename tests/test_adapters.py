@@ -13,8 +13,7 @@ from emit import emit
 from planner import Adapter, estimate_memory, load_plan, plan
 from planner.errors import InputError
 from planner.memory.states import nf4_bytes
-from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
-from planner.memory.tracker import LiveStorageTracker
+from planner.memory.step import cpu_step_peak, enable_checkpointing, make_batch, make_optimizer
 from planner.models import resolve_model
 from planner.models.build import build_meta
 from planner.vocab import PRECISION
@@ -105,19 +104,8 @@ def _real_lora_peak(config, adapter: Adapter, micro_batch, seq, precision, check
         cast_mixed_precision_params(model, getattr(torch, autocast))
     model.train()
     enable_checkpointing(model, checkpointing)
-    opt = make_optimizer(model, "adamw")
     batch = make_batch(model.get_base_model(), micro_batch, seq)
-    for _ in range(2):  # warm-up step, then the measured one
-        tracker = LiveStorageTracker()
-        with tracker:
-            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
-            tracker.track_all(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
-            tracker.reset_peak()
-            for _ in range(grad_accum):
-                micro_step(model, batch, autocast)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return tracker.peak
+    return cpu_step_peak(model, make_optimizer(model, "adamw"), batch, autocast, grad_accum)
 
 
 @pytest.mark.parametrize("kind, targets, precision, checkpointing, grad_accum", [

@@ -120,3 +120,22 @@ def micro_step(model, batch: dict, autocast: str | None, device_type: str = "cpu
     scaling (GradScaler multiplies the loss; memory is the same)."""
     loss = forward_loss(model, batch, autocast, device_type, objective)
     (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+
+
+def cpu_step_peak(model, optimizer, batch: dict, autocast: str | None, grad_accum: int = 1) -> int:
+    """Peak live bytes of a real training step on the CPU (parameters, buffers, batch and optimizer states counted),
+    as the live-storage tracker sees it: a warm-up step (which creates the optimizer states), then the measured one
+    of `grad_accum` micro-steps and the optimizer step."""
+    from planner.memory.tracker import LiveStorageTracker
+
+    for _ in range(2):
+        tracker = LiveStorageTracker()
+        with tracker:
+            tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
+            tracker.track_all(t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+            tracker.reset_peak()
+            for _ in range(grad_accum):
+                micro_step(model, batch, autocast)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return tracker.peak
