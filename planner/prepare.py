@@ -84,11 +84,15 @@ class LoadedPlan:
         except ImportError as err:
             raise InputError(f"{self.optimizer} needs {module.split('.')[0]}", flag="--optimizer",
                              hint=f"pip install {module.split('.')[0]}") from err
-        args = self.training_arguments_dict()
+        import dataclasses
+
+        from transformers import TrainingArguments
+
+        # training_args.json with the Trainer's own defaults for what it leaves out (no --lr: no learning_rate)
+        args = {f.name: f.default for f in dataclasses.fields(TrainingArguments)} | self.training_arguments_dict()
         params = [p for p in model.parameters() if p.requires_grad]
-        return cls(params, lr=args.get("learning_rate", 5e-5), betas=(args.get("adam_beta1", 0.9),
-                   args.get("adam_beta2", 0.999)), eps=args.get("adam_epsilon", 1e-8),
-                   weight_decay=args.get("weight_decay", 0.0))
+        return cls(params, lr=args["learning_rate"], betas=(args["adam_beta1"], args["adam_beta2"]),
+                   eps=args["adam_epsilon"], weight_decay=args["weight_decay"])
 
     def from_pretrained_kwargs(self) -> dict:
         """What `AutoModelFor...from_pretrained(name, **kwargs)` needs for this plan: transformers' tensor-parallel

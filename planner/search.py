@@ -79,9 +79,13 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
                 configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, world_size=space.world_size,
                                   precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off, engine=engine)
                            for mb in mbs for ckpt in space.checkpointing]
-                out += [c for c in configs
-                        if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
+                out += _runnable(configs, space)
     return out + _tensor_parallel_configs(space)
+
+
+def _runnable(configs: list[Config], space: SearchSpace) -> list[Config]:
+    """The configurations that can train the space's optimizer and adapter."""
+    return [c for c in configs if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
 
 
 def _tensor_parallel_configs(space: SearchSpace) -> list[Config]:
@@ -98,8 +102,7 @@ def _tensor_parallel_configs(space: SearchSpace) -> list[Config]:
             configs = [Config(micro_batch=mb, grad_accum=per_dp // mb, world_size=space.world_size, precision=precision,
                               checkpointing=ckpt, zero_stage=3, offload=NO_OFFLOAD, engine=FSDP, tensor_parallel=size)
                        for mb in mbs if per_dp % mb == 0 for ckpt in space.checkpointing]
-            out += [c for c in configs
-                    if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
+            out += _runnable(configs, space)
     return out
 
 

@@ -92,10 +92,7 @@ def _adapter_lever(evaluator, world: int, precision: str, budget: int) -> str:
             resolved = trained_as(base.resolved, adapter=Adapter(method))
         except InputError:  # peft missing, or no linear layers to adapt
             return ""
-        other = MemoryEvaluator(Evaluation(resolved, seq_len=base.seq_len, optimizer=base.optimizer,
-                                           attention=base.attention, gpus_per_node=base.gpus_per_node, gpu=base.gpu),
-                                evaluator.method)
-        est = other.estimate(_least_memory_config(world, precision, 0, NO_OFFLOAD))
+        est = _variant(evaluator, resolved=resolved).estimate(_least_memory_config(world, precision, 0, NO_OFFLOAD))
         trainable = resolved.spec.trainable_parameters / 1e6
         what = (f"{Adapter(method).label()} (--peft {method}; {trainable:.0f}M trainable) needs "
                 f"{est.peak / _GIB:.1f} GiB per GPU")
@@ -153,8 +150,13 @@ def _offloads(plan) -> set[str]:
 
 def _with_optimizer(evaluator, optimizer, world, precision):
     """The least-memory configuration with another optimizer (a second evaluation; traces are shared)."""
+    return _variant(evaluator, optimizer=optimizer).estimate(
+        _least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))
+
+
+def _variant(evaluator, *, resolved=None, optimizer: str | None = None) -> MemoryEvaluator:
+    """The plan's evaluation with another model (its adapters) or optimizer, everything else the same."""
     base = evaluator.evaluation
-    other = MemoryEvaluator(Evaluation(base.resolved, seq_len=base.seq_len, optimizer=optimizer,
-                                       attention=base.attention, gpus_per_node=base.gpus_per_node, gpu=base.gpu),
-                            evaluator.method)
-    return other.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))
+    return MemoryEvaluator(Evaluation(resolved or base.resolved, seq_len=base.seq_len,
+                                      optimizer=optimizer or base.optimizer, attention=base.attention,
+                                      gpus_per_node=base.gpus_per_node, gpu=base.gpu), evaluator.method)

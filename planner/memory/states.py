@@ -134,9 +134,10 @@ def states_for(cfg: Config, parameters: int, trainable: int, optimizer: str, *, 
     parameters' bytes as stored when adapters train (a 16-bit or 4-bit base, `ModelSpec.frozen_bytes`), the adapters
     then fp32 whatever the precision (peft's `autocast_adapter_dtype`, planner/models/adapters.py `cast_mixed`);
     None: every parameter in the working width. DeepSpeed keeps all weights 16-bit either way."""
-    optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements, cfg.state_width())
-    if not cfg.sharded and frozen_bytes is not None:  # adapters: peft keeps the trainable parameters in fp32
-        optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements, FP32_BYTES)
+    adapters = not cfg.sharded and frozen_bytes is not None  # peft keeps the trainable parameters in fp32
+    optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements,
+                                  FP32_BYTES if adapters else cfg.state_width())
+    if adapters:
         return ModelStates(parameters=FP32_BYTES * trainable + frozen_bytes, gradients=FP32_BYTES * trainable,
                            optimizer_states=optim)
     if not cfg.sharded:

@@ -67,15 +67,11 @@ def trained_as(resolved: ResolvedModel, task=None, num_labels=None, adapter=None
     """The resolved model with another head and/or adapters, counted on the meta model peft builds."""
     from planner.models.adapters import quantized_linear_numel, with_task
 
-    config = with_task(resolved.config, task, num_labels)
-    base = build_meta(config, trust_remote_code=resolved.trust_remote_code)
-    quantized = quantized_linear_numel(base) if adapter is not None and adapter.quantized else 0
-    model = base
-    if adapter is not None:
-        from planner.models.adapters import apply_adapter
-        from planner.vocab import task_of_class
-
-        model = apply_adapter(base, adapter, task_of_class(type(base).__name__)).get_base_model()
+    config, trust = with_task(resolved.config, task, num_labels), resolved.trust_remote_code
+    model = build_meta(config, trust_remote_code=trust, adapter=adapter)
+    # bitsandbytes converts the base's own linears: counted on the model before peft wraps them
+    quantized = quantized_linear_numel(build_meta(config, trust_remote_code=trust)) if (
+        adapter is not None and adapter.quantized) else 0
     spec = spec_from_model(model, config, name=resolved.spec.name, source=resolved.spec.source, adapter=adapter,
                            quantized=quantized)
     return ResolvedModel(spec=spec, config=config, trust_remote_code=resolved.trust_remote_code, adapter=adapter)

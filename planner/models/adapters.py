@@ -17,7 +17,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 from planner.errors import InputError
-from planner.vocab import ADAPTER, ALL_LINEAR, AUTO, CLASS_LABELS, NO_ADAPTER, TASK, TOKEN_LABELS
+from planner.vocab import ADAPTER, ALL_LINEAR, AUTO, CLASS_LABELS, NO_ADAPTER, TASK, TOKEN_LABELS, task_of_class
 
 #: peft's `LoraConfig` defaults where the user gives none: rank 16 and alpha 2 x rank (the common pairing; peft's own
 #: defaults, r=8 and alpha=8, are small for 7B-class models); dropout 0.05 (the QLoRA paper's for 7B-13B, arXiv
@@ -126,8 +126,6 @@ def with_task(config, task: str | None, num_labels: int | None):
 
 
 def _task_of(config) -> str:
-    from planner.vocab import task_of_class
-
     return task_of_class((getattr(config, "architectures", None) or [""])[0])
 
 

@@ -12,7 +12,7 @@ import json
 
 from planner.errors import InputError
 from planner.models.spec import ModelSpec
-from planner.vocab import EAGER, FLASH, NO_ADAPTER, SDPA
+from planner.vocab import CLASS_LABELS, EAGER, FLASH, NO_ADAPTER, SDPA, TASK, TOKEN_LABELS, task_of_class
 
 # Auto classes tried, in order, when a config names no architecture.
 _FALLBACK_AUTO = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModel")
@@ -69,7 +69,6 @@ def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = F
         _untie_t5_v11_head(model, cfg)
         if adapter is not None:
             from planner.models.adapters import apply_adapter
-            from planner.vocab import task_of_class
 
             model = apply_adapter(model, adapter, task_of_class(type(model).__name__), mixed_dtype).get_base_model()
     return model
@@ -249,8 +248,6 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
 
 def _num_labels(model, config) -> int:
     """A classifier's labels (every config has `num_labels`, 2 by default, whatever its head)."""
-    from planner.vocab import CLASS_LABELS, TASK, TOKEN_LABELS, task_of_class
-
     classifier = TASK[task_of_class(type(model).__name__)].labels in (CLASS_LABELS, TOKEN_LABELS)
     return int(getattr(config, "num_labels", 0) or 0) if classifier else 0
 
