@@ -17,8 +17,9 @@ import typer
 
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.vocab import (
-    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, LR_SCALING,
-    MEMORY_METHOD, NO_ADAPTER, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES, choices_text,
+    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, COMPILE, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE,
+    LR_SCALING, MEMORY_METHOD, NO_ADAPTER, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES,
+    choices_text,
 )
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -87,6 +88,8 @@ CompareGpus = Annotated[Optional[str], Opt("--compare-gpus", help="Plan the same
                                            "(comma-separated, e.g. A100-80GB,H100-80GB) and print one table.")]
 TrainTokens = Annotated[Optional[float], Opt("--train-tokens", help="Tokens of the whole run: sizes the LR warmup; "
                                              "with --compare-gpus, the run's time (and cost with --price).")]
+CompileFlag = Annotated[str, Opt("--compile", help="torch.compile the model: " + choices_text(COMPILE) + ". auto "
+                                                   "compiles where it is faster over the run (give its length).")]
 TrainSteps = Annotated[Optional[int], Opt("--train-steps", help="Optimizer steps of the whole run (sizes the LR "
                                                                 "warmup; or give --train-tokens).")]
 Price = Annotated[Optional[list[str]], Opt("--price", help="With --compare-gpus: GPU=USD_PER_HOUR per GPU-hour; "
@@ -144,6 +147,7 @@ class Flags:
     train_tokens: float | None = None
     train_steps: int | None = None
     price: list[str] | None = None
+    compile: str = AUTO
 
 
 _D = Flags()
@@ -167,6 +171,7 @@ def main_command(
     probe_budget: ProbeBudget = _D.probe_budget, launch: Launch = False, dry_run: DryRun = False,
     list_models: ListModels = False, list_gpus: ListGpus = False, compare_gpus: CompareGpus = None,
     train_tokens: TrainTokens = None, train_steps: TrainSteps = None, price: Price = None,
+    compile: CompileFlag = AUTO,
 ) -> None:
     """Plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest."""
     flags = Flags(**{k: v for k, v in locals().items() if k != "ctx"})
@@ -275,7 +280,7 @@ def _request(flags: Flags):
         engine=flags.engine, trust_remote_code=flags.trust_remote_code, task=flags.task, num_labels=flags.num_labels,
         peft=flags.peft, lora_rank=flags.lora_rank, lora_alpha=flags.lora_alpha, lora_targets=flags.lora_targets,
         lora_dropout=flags.lora_dropout, double_quant=not flags.no_double_quant, train_tokens=flags.train_tokens,
-        train_steps=flags.train_steps)
+        train_steps=flags.train_steps, compile=flags.compile)
 
 
 def _offload(flags: Flags) -> bool | str:

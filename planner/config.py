@@ -33,6 +33,7 @@ class Config(BaseModel):
     engine: Engine = Field(default=None, validate_default=False,  # type: ignore[assignment]
                            description="torch at stage 0; the sharding engine (default deepspeed) above")
     tensor_parallel: int = Field(default=1, ge=1, description="GPUs each layer is split across (within a node)")
+    compiled: bool = Field(default=False, description="the model runs under torch.compile (TorchInductor)")
 
     @model_validator(mode="before")
     @classmethod
@@ -165,13 +166,19 @@ class Config(BaseModel):
         """Candidates whose activations come from the same traced program (and calibrate each other)."""
         return self.activation_family(), self.checkpointing
 
+    def compile_saves_activations(self) -> bool:
+        """Whether compiling changes what the step saves: Inductor's partitioner recomputes cheap values instead of
+        saving them, but a checkpointed block saves only its input either way (planner/memory/compiled.py)."""
+        return self.compiled and not CHECKPOINTING[self.checkpointing].enabled
+
     def family(self) -> tuple:
         """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one: they have the
         same bytes and speed, so views, probes and probe calibration treat them as one family."""
         info = PRECISION[self.precision]
         precision = "mixed" if info.autocast else self.precision
         tp = (f"tp{self.tensor_parallel}",) if self.tensor_parallel > 1 else ()
-        return (precision, self.checkpointing, self.zero_stage, self.offload, self.engine) + tp
+        return (precision, self.checkpointing, self.zero_stage, self.offload, self.engine) + tp + (
+            ("compiled",) if self.compiled else ())
 
     @staticmethod
     def family_text(family: tuple) -> str:
@@ -180,10 +187,10 @@ class Config(BaseModel):
 
     # --- ranking and display
     def complexity(self) -> int:
-        """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation."""
+        """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, compilation."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
                 + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1)
-                + 2 * (self.tensor_parallel > 1))
+                + 2 * (self.tensor_parallel > 1) + int(self.compiled))
 
     def parallelism_label(self) -> str:
         if self.world_size == 1 and not self.sharded:
@@ -194,5 +201,6 @@ class Config(BaseModel):
     def label(self) -> str:
         off = f" + offload {self.offload}" if OFFLOAD[self.offload].optimizer_on_cpu else ""
         ck = f", {self.checkpointing} ckpt" if CHECKPOINTING[self.checkpointing].enabled else ""
-        return (f"mb {self.micro_batch} x N {self.grad_accum} x {self.world_size} GPU, {self.precision}{ck}, "
+        compiled = ", compiled" if self.compiled else ""
+        return (f"mb {self.micro_batch} x N {self.grad_accum} x {self.world_size} GPU, {self.precision}{ck}{compiled}, "
                 f"{self.parallelism_label()}{off}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from planner.config import Config
 from planner.memory.estimate import DeepSpeedBuckets
 from planner.vocab import (
-    CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
+    CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, INDUCTOR, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
 )
 
 #: Gradient clipping norm emitted for every engine (the Trainer's default max_grad_norm).
@@ -123,6 +123,8 @@ def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", hostfile_
     else:
         out.update(distributed_type=ENGINE[TORCH].distributed_type if cfg.world_size > 1 else "NO",
                    mixed_precision=PRECISION[cfg.precision].accelerate)
+    if cfg.compiled:  # accelerate/commands/launch.py reads dynamo_config's keys as its --dynamo_* flags
+        out["dynamo_config"] = {"dynamo_backend": INDUCTOR.upper()}
     return out
 
 
@@ -167,6 +169,8 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
     }
     if PRECISION[cfg.precision].tf32:  # TrainingArguments sets torch.backends.cuda.matmul.allow_tf32 from it
         out["tf32"] = True
+    if cfg.compiled:  # the Trainer hands accelerate a TorchDynamoPlugin with this backend (transformers/trainer.py)
+        out.update(torch_compile=True, torch_compile_backend=INDUCTOR)
     if info.options:
         out["optim_args"] = info.options
     if info.adam_betas:  # the betas the DeepSpeed block uses too

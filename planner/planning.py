@@ -16,7 +16,8 @@ from planner.search import MemoryEvaluator, SearchSpace, SpeedModel, nearest_val
 from planner.suggest import suggestions
 from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
-    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
+    ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_OPTIMIZER,
+    DEFAULT_PRECISION,
     DEFAULT_SHARDING_ENGINE, ENGINE, FULL, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD, OFFLOAD, OPTIMIZER,
     FP32, PRECISION, SDPA, SHARDING_ENGINES, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
@@ -39,15 +40,16 @@ def plan(
     trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
     progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
     host_memory: int | None = None, task: str | None = None, num_labels: int | None = None, adapter=None,
-    train_tokens: float | None = None, train_steps: int | None = None,
+    train_tokens: float | None = None, train_steps: int | None = None, compile: str = AUTO,
 ) -> Plan:
     """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError.
     `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model;
-    `train_tokens` or `train_steps`, the run's length, sizes the LR warmup."""
+    `train_tokens` or `train_steps`, the run's length, sizes the LR warmup and spreads torch.compile's compile time;
+    `compile` (`vocab.COMPILE`) plans the step eager, compiled, or both."""
     from planner.models import resolve_model
 
     _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory)
-    _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine)
+    _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine, compile)
     offloads = _offloads(offload)
     hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory)  # cheap: fail fast on a bad --gpu
     gpu_entry = hw.lookup_gpu(hardware.gpu)
@@ -55,17 +57,19 @@ def plan(
                              adapter=adapter)
     world = hardware.gpus_per_node * hardware.nodes
     s = _sequence(seq_len, resolved.spec)
+    run_steps = _run_steps(train_tokens, train_steps, global_batch, s)
     tp_sizes, tp_note = tensor_parallel_sizes(resolved, hardware.gpus_per_node)
     space = replace(_space(global_batch, world, hardware, gpu_entry, precision, checkpointing, zero_stage, offloads,
-                           micro_batch, engine, attention, optimizer, resolved.spec.adapter), tensor_parallel=tp_sizes)
+                           micro_batch, engine, attention, optimizer, resolved.spec.adapter), tensor_parallel=tp_sizes,
+                    compiled=_compiled(compile, run_steps), train_steps=run_steps)
     evaluation = Evaluation(resolved, seq_len=s, optimizer=optimizer, attention=attention,
                             gpus_per_node=hardware.gpus_per_node, gpu=gpu_entry)
     evaluator = MemoryEvaluator(evaluation, memory_method)
     ranked = search(gpu_entry, space, evaluator, hardware.budget_bytes, host_budget=hardware.host_memory_bytes)
     ranked += _hardware_rejections(precision, gpu_entry, ranked[0])
     notes = _plan_notes(precision, gpu_entry, evaluation, hardware, ranked, tp_note)
-    lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch,
-               _run_steps(train_tokens, train_steps, global_batch, s))
+    notes += _compile_notes(compile, evaluation, gpu_entry, hardware.gpus_per_node, ranked[0], run_steps)
+    lr_args = (lr, lr_batch, lr_scaling, optimizer, resolved.spec, global_batch, run_steps)
     draft = Plan(model=ModelInfo.of(resolved.spec, s, resolved.adapter), hardware=hardware, seq_len=s,
                  optimizer=optimizer, attention=attention, choice=ranked[0], candidates=tuple(ranked),
                  lr=_lr(ranked[0], *lr_args)[0], notes=notes)
@@ -197,12 +201,12 @@ def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, hea
         raise InputError(f"must be a fraction in [0, 0.9), got {headroom}", flag="--headroom")
 
 
-def _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine):
+def _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine, compile=AUTO):
     for value, table, flag in ((optimizer, OPTIMIZER, "--optimizer"), (precision, {AUTO: None, **PRECISION},
                                "--precision"), (checkpointing, CHECKPOINTING, "--checkpointing"),
                                (attention, ATTENTION, "--attention"), (lr_scaling, LR_SCALING, "--lr-scaling"),
                                (memory_method, MEMORY_METHOD, "--memory-method"),
-                               (engine, dict.fromkeys(SHARDING_ENGINES), "--engine")):
+                               (engine, dict.fromkeys(SHARDING_ENGINES), "--engine"), (compile, COMPILE, "--compile")):
         if value is not None and value not in table:
             raise InputError(f"unknown value {value!r}", flag=flag, hint=f"Use one of {', '.join(table)}.")
 
@@ -385,6 +389,44 @@ def _tf32_note(precision: str, gpu, evaluation, gpus_per_node: int, choice: Cand
     return (f"{gpu.name} has TF32 tensor cores: --precision tf32 keeps fp32 weights, gradients and memory and runs "
             f"the matmuls on them (10-bit mantissa inputs, fp32 accumulation): step {faster.step_time_s:.2f} s "
             f"instead of {choice.throughput.step_time_s:.2f} s, {gain:.2f}x faster (modelled).",)
+
+
+def _compiled(compile: str, run_steps: int | None) -> tuple[bool, ...]:
+    """Eager and/or compiled candidates: auto weighs compiling only when the run's length says what it costs."""
+    return COMPILE[compile].candidates if compile != AUTO or run_steps else (False,)
+
+
+def _compile_notes(compile: str, evaluation, gpu, gpus_per_node: int, choice: Candidate,
+                   run_steps: int | None) -> tuple[str, ...]:
+    """torch.compile on the chosen configuration: its modelled step against eager, its compile time and when that
+    pays off, and what it saves in memory."""
+    if compile == COMPILE_OFF or not choice.fits or choice.throughput is None:
+        return ()
+    cfg, spec = choice.config, evaluation.resolved.spec
+    effect = evaluation.compile_effect(cfg)
+    if effect is None:
+        return ("torch.compile: the model's graph could not be captured here, so a compiled step is modelled as the "
+                "eager one.",) if cfg.compiled else ()
+    speed = SpeedModel(evaluation, gpu, gpus_per_node)  # per step, compile time apart
+    eager, compiled = (speed(cfg.model_copy(update={"compiled": on})).step_time_s for on in (False, True))
+    seconds = effect.compile_seconds(spec.layers)
+    text = (f"torch.compile (Inductor): step {compiled:.3g} s compiled vs {eager:.3g} s eager "
+            f"({eager / compiled:.2f}x, modelled); the first step compiles for about {seconds:.0f} s")
+    if eager > compiled:
+        text += f", repaid after {seconds / (eager - compiled):,.0f} steps"
+    if cfg.compiled:
+        saved = effect.saved_less(spec.layers, cfg.micro_batch) if cfg.compile_saves_activations() else 0
+        text = (f"Compiled. {text}." + (f" Inductor's partitioner keeps {saved / 2**30:.2f} GiB less for the "
+                                         "backward (it recomputes elementwise values); the memory planned is eager's: "
+                                         "on the CPU the step's peak fell by 0.6-1.5x that (benchmarks/compile_cpu.py)."
+                                         if saved > 0 else "")
+                + " Keep the batch shapes fixed (pad to one length): a new shape recompiles.")
+    elif run_steps is None and compile == AUTO:
+        text += ". Give the run's length (--train-steps or --train-tokens) for --compile auto to weigh it, or " \
+                "pass --compile on."
+    else:
+        text += f"; over this run's {run_steps:,} steps eager is faster." if run_steps else "."
+    return (text,)
 
 
 def _zero_stages(value: int | None, world: int, offloads: tuple[str, ...], engine: str) -> tuple[int, ...]:

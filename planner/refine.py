@@ -192,7 +192,7 @@ def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
         return cand
     parts = tp.parts.model_copy(update={"compute": tp.parts.compute * calib.micro_step,
                                         "optimizer": tp.parts.optimizer * calib.optimizer_step})
-    step = parts.compute + parts.optimizer + parts.communication + parts.offload
+    step = parts.total
     ratio = tp.step_time_s / step if step > 0 else 1.0
     throughput = tp.model_copy(update={"tokens_per_s": tp.tokens_per_s * ratio, "samples_per_s": tp.samples_per_s
                                        * ratio, "mfu": tp.mfu * ratio, "step_time_s": step, "parts": parts,
@@ -245,6 +245,9 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
                                                 "error_margin": 0})})
     cfg, model_tp = cand.config, cand.throughput
     step_s, source = result.step_time_s, "probe"
+    if model_tp.parts.compile:  # a probe times steps after its warm-up, which compiled the model
+        step_s += model_tp.parts.compile
+        source = "probe+model"
     if result.processes < cfg.world_size:  # ranks measured alone: add what they did not do, the communication
         step_s += model_tp.parts.communication
         source = "probe+model"

@@ -78,7 +78,8 @@ def summary(plan) -> Panel:
         f"{cfg.global_batch}[/]",
         f"precision [bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], "
         f"{cfg.parallelism_label()}, offload [bold]{cfg.offload}[/]"
-        + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)" if c.memory.cpu_offload_bytes else ""),
+        + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)" if c.memory.cpu_offload_bytes else "")
+        + (", [bold]torch.compile[/]" if cfg.compiled else ""),
         f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
         f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
         _closeness(c.memory, h),

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from planner.errors import InputError
 from planner.vocab import (
     ADAPTER, AUTO, AUTO_METHOD, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, NO_ADAPTER, PRECISION, SDPA, AdapterMethod,
-    Attention, Checkpointing, TaskChoice,
+    Attention, Checkpointing, CompileMode, TaskChoice,
     LRScaling, Offload, MemoryMethod, Optimizer, ShardingEngine,
 )
 
@@ -73,6 +73,7 @@ class PlanRequest(BaseModel):
     double_quant: bool = True
     train_tokens: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="tokens of the whole run")
     train_steps: int | None = Field(default=None, gt=0, le=LIMITS.batch, description="optimizer steps of the run")
+    compile: CompileMode = AUTO
 
     @field_validator("model")
     @classmethod

@@ -40,6 +40,8 @@ class SearchSpace:
     optimizer: str = DEFAULT_OPTIMIZER
     adapter: str = NO_ADAPTER                 # what trains (`vocab.ADAPTER`)
     tensor_parallel: tuple[int, ...] = ()     # tensor-parallel sizes > 1 to plan beside data parallelism
+    compiled: tuple[bool, ...] = (False,)     # eager, compiled (torch.compile), or both (`vocab.COMPILE`)
+    train_steps: int | None = None            # the run's optimizer steps, over which compile time is spread
 
 
 def divisors(n: int) -> list[int]:
@@ -80,7 +82,8 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
                                   precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off, engine=engine)
                            for mb in mbs for ckpt in space.checkpointing]
                 out += _runnable(configs, space)
-    return out + _tensor_parallel_configs(space)
+    out += _tensor_parallel_configs(space)
+    return [c.model_copy(update={"compiled": True}) if compiled else c for c in out for compiled in space.compiled]
 
 
 def _runnable(configs: list[Config], space: SearchSpace) -> list[Config]:
@@ -128,10 +131,11 @@ class SpeedModel:
     traced once), timed on the GPU with its measured efficiencies (planner/throughput.py). Probes rescale it
     afterwards (planner/refine.py, `speed_calibration_from`)."""
 
-    def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int):
+    def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None):
         from planner.hardware.efficiency_data import efficiency
 
         self.evaluation, self.gpu, self.gpus_per_node = evaluation, gpu, gpus_per_node
+        self.train_steps = train_steps
         self.eff = efficiency(gpu.name)
         self._profiles: dict[str, tuple] = {}
 
@@ -153,7 +157,9 @@ class SpeedModel:
         t = tp.step_time(self.evaluation.resolved.spec, self.gpu, cfg, seq_len=self.evaluation.seq_len,
                          gpus_per_node=self.gpus_per_node, profile=profile, traced_micro_batch=anchor,
                          optimizer=self.evaluation.optimizer, eff=self.eff,
-                         tp_share=self.evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0)
+                         tp_share=self.evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0,
+                         compile_effect=self.evaluation.compile_effect(cfg) if cfg.compiled else None,
+                         train_steps=self.train_steps)
         return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
                               step_time_s=t.step_time_s, parts=t.parts)
 
@@ -265,7 +271,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     if not configs:
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
                                                 "--precision, --engine, --optimizer).")
-    model_speed = SpeedModel(evaluator.evaluation, gpu, space.gpus_per_node)
+    model_speed = SpeedModel(evaluator.evaluation, gpu, space.gpus_per_node, space.train_steps)
     speeds = {c: model_speed(c) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
     results: list[Candidate] = []

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
+from planner.memory.compiled import BACKWARD, COMPILED_DEVICE_RESIDUAL, FORWARD, CompileEffect
 from planner.memory.profile import (
     ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, PY_KERNELS, PY_VIEWS, Profile,
 )
@@ -59,6 +60,12 @@ class StepParts(BaseModel):
     optimizer: float = 0.0
     communication: float = 0.0
     offload: float = 0.0
+    #: torch.compile's first-step compile time spread over the run's optimizer steps (0: eager, or run length unknown)
+    compile: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.optimizer + self.communication + self.offload + self.compile
 
 
 @dataclass(frozen=True)
@@ -270,28 +277,44 @@ def tensor_parallel_seconds(spec: ModelSpec, cfg: Config, seq_len: int, gpus_per
     return spec.layers * 2 * passes * 2 * ring_seconds(nbytes, tp, gpus_per_node, gpu, eff)
 
 
+def compiled_profile(profile: Profile, effect: CompileEffect) -> Profile:
+    """The eager step's profile under torch.compile: Inductor's fusion of the memory-bound kernels per phase."""
+    phases = (FORWARD, BACKWARD)
+    return profile.compiled({p: effect.phase(p).bytes_ratio for p in phases},
+                            {p: effect.phase(p).kernel_ratio for p in phases})
+
+
 def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
-              traced_micro_batch: int, optimizer: str, eff: Efficiency, tp_share: float = 1.0) -> Throughput:
+              traced_micro_batch: int, optimizer: str, eff: Efficiency, tp_share: float = 1.0,
+              compile_effect: CompileEffect | None = None, train_steps: int | None = None) -> Throughput:
     """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`
-    (`tp_share`: the share of the unsplit model's activation bytes a tensor-parallel rank keeps)."""
+    (`tp_share`: the share of the unsplit model's activation bytes a tensor-parallel rank keeps). A compiled step
+    (`compile_effect`: what compiling changes, None to time it as eager) runs Inductor's fused kernels, and its
+    checkpointed blocks recompute inside the compiled backward graph, without torch.utils.checkpoint's host work; its
+    device time carries the measured residual (planner/memory/compiled.py `COMPILED_DEVICE_RESIDUAL`); its compile
+    time is spread over `train_steps` where the run's length is known."""
     blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
+    compile_s, residual = 0.0, 1.0
+    if cfg.compiled and compile_effect is not None:
+        profile, blocks, residual = compiled_profile(profile, compile_effect), 0, COMPILED_DEVICE_RESIDUAL
+        compile_s = compile_effect.compile_seconds(spec.layers) / train_steps if train_steps else 0.0
     micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff, blocks,
                        cfg.tensor_parallel, tp_share)
     extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, seq_len, gpus_per_node, gpu,
                                                                                eff)
-    micro = replace(micro, gpu_s=micro.gpu_s + extra)
+    micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
     backward = micro.seconds * _backward_share(profile)
     compute = cfg.grad_accum * micro.seconds
     opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)
     comm = communication_seconds(spec, cfg, gpus_per_node, backward, micro.seconds, gpu, eff)
     off = offload_seconds(spec, cfg, gpu, eff)
-    total = compute + opt + comm + off
+    parts = StepParts(compute=compute, optimizer=opt, communication=comm, offload=off, compile=compile_s)
+    total = parts.total
     tokens = cfg.global_batch * seq_len
     dense, attn = flops_per_token(spec, seq_len)
     peak = gpu.peak_tflops(cfg.precision) * 1e12
     return Throughput(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
-                      mfu=(dense + attn) * tokens / total / (cfg.world_size * peak), step_time_s=total,
-                      parts=StepParts(compute=compute, optimizer=opt, communication=comm, offload=off))
+                      mfu=(dense + attn) * tokens / total / (cfg.world_size * peak), step_time_s=total, parts=parts)
 
 
 def _backward_share(profile: Profile) -> float:

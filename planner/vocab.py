@@ -156,6 +156,26 @@ NO_CHECKPOINTING, SELECTIVE, FULL = "none", "selective", "full"
 
 
 @dataclass(frozen=True)
+class CompileInfo:
+    doc: str
+    candidates: tuple[bool, ...]  # whether the search plans the step eager (False), compiled (True), or both
+
+
+#: `torch.compile` of the model (TorchInductor, default mode): the Trainer's `torch_compile`, accelerate's
+#: `dynamo_config`. What it changes is read from the model's graph (planner/memory/compiled.py).
+COMPILE: dict[str, CompileInfo] = {
+    "auto": CompileInfo("compiled where it is faster over the run, its first-step compile time included (needs the "
+                        "run's length: --train-steps or --train-tokens); eager otherwise", (False, True)),
+    "on": CompileInfo("compile the model (torch.compile, TorchInductor)", (True,)),
+    "off": CompileInfo("eager PyTorch", (False,)),
+}
+CompileMode = Literal[tuple(COMPILE)]  # type: ignore[valid-type]
+COMPILE_OFF = "off"
+#: The Inductor backend the emitted files name (TrainingArguments.torch_compile_backend, accelerate's dynamo_backend).
+INDUCTOR = "inductor"
+
+
+@dataclass(frozen=True)
 class OffloadInfo:
     doc: str
     optimizer_on_cpu: bool

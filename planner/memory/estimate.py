@@ -214,6 +214,7 @@ class Evaluation:
         self.attention, self.gpus_per_node, self.device = attention, gpus_per_node, device
         self.gpu = gpu  # the catalog entry (kernel choice, CUDA overheads); None: a current GPU
         self._adafactor: int | None = None
+        self._compile: dict = {}
 
     def states(self, cfg: Config) -> states.ModelStates:
         spec = self.resolved.spec
@@ -278,6 +279,24 @@ class Evaluation:
                                           activations=req.activations, attention=req.attention,
                                           checkpointing=cfg.checkpointing)
         return sum(terms.values()), ANALYTIC
+
+    def compile_effect(self, cfg: Config):
+        """What torch.compile changes in `cfg`'s program (planner/memory/compiled.py), or None where the model's graph
+        cannot be captured (its compiled step is then modelled as the eager one)."""
+        resolved = self.resolved
+        key = cfg.activation_family()
+        if key not in self._compile:
+            self._compile[key] = None
+            if resolved.config is not None:
+                from planner.memory.compiled import compile_effect
+
+                try:
+                    self._compile[key] = compile_effect(resolved.config, resolved.spec.config_hash,
+                                                        resolved.spec.layers, self.trace_request(cfg),
+                                                        resolved.trust_remote_code)
+                except Exception:  # noqa: BLE001 - any model code failure under AOTAutograd's capture
+                    pass
+        return self._compile[key]
 
     def tensor_parallel_share(self, cfg: Config) -> float:
         """A tensor-parallel rank's activations over the unsplit model's, by formula (planner/memory/analytic.py)."""

@@ -130,6 +130,20 @@ class Profile:
                     table[key.replace(",forward", ",backward")] = [a + factor * b for a, b in zip(target, values)]
         return out
 
+    def compiled(self, bytes_ratio: dict[str, float], kernel_ratio: dict[str, float]) -> "Profile":
+        """This step under torch.compile: per phase, the memory-bound kernels' bytes and count scaled by Inductor's
+        fusion (planner/memory/compiled.py); GEMMs and attention unchanged. The host no longer runs the modules'
+        Python nor the autograd engine op by op: Inductor's generated wrapper (Python) launches each kernel, GEMMs
+        and attention included, so every launched kernel counts as one Python-issued kernel and views cost nothing."""
+        memory = {}
+        for key, (scaled, fixed, count) in self.memory.items():
+            phase = key.split(",")[1]
+            memory[key] = [scaled * bytes_ratio[phase], fixed * bytes_ratio[phase], count * kernel_ratio[phase]]
+        launched = (sum(self.matmuls.values()) + sum(v[3] for v in self.attention.values())
+                    + sum(v[2] for v in memory.values()))
+        return Profile(dict(self.matmuls), {k: list(v) for k, v in self.attention.items()}, memory,
+                       {PY_KERNELS: launched})
+
     def minus(self, other: "Profile") -> "Profile":
         """This profile less `other`, entry by entry (never below zero): one block, from two depths."""
         def sub(a: dict, b: dict):

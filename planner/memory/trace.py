@@ -266,7 +266,9 @@ def _real_mask_decisions():
         yield
         return
     from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
 
+    fake = (FakeTensor, FunctionalTensor)  # FunctionalTensor: AOTAutograd's capture (planner/memory/compiled.py)
     patched = {}
     for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
         original = getattr(masking_utils, name, None)
@@ -274,14 +276,14 @@ def _real_mask_decisions():
             continue
 
         def without_fake_padding(padding_mask, *args, _original=original, **kwargs):
-            return _original(None if isinstance(padding_mask, FakeTensor) else padding_mask, *args, **kwargs)
+            return _original(None if isinstance(padding_mask, fake) else padding_mask, *args, **kwargs)
 
         patched[name] = original
         setattr(masking_utils, name, without_fake_padding)
     packed = getattr(masking_utils, "find_packed_sequence_indices", None)
     if packed is not None:
         def not_packed(position_ids, *args, _original=packed, **kwargs):
-            return None if isinstance(position_ids, FakeTensor) else _original(position_ids, *args, **kwargs)
+            return None if isinstance(position_ids, fake) else _original(position_ids, *args, **kwargs)
 
         patched["find_packed_sequence_indices"] = packed
         masking_utils.find_packed_sequence_indices = not_packed

@@ -1,0 +1,303 @@
+"""What `torch.compile` (TorchInductor, default mode) changes in a training step, read from the model's own graph.
+
+The model's forward and loss are traced under FakeTensorMode by AOTAutograd (`functorch.compile.aot_function`,
+torch's own capture for training graphs) into one joint forward+backward graph, which is then split twice:
+
+- by `default_partition`, which saves for the backward what the forward computed and the backward reads (what
+  eager autograd saves), and
+- by Inductor's own partitioner (torch/_inductor/compile_fx.py `partition_fn`: Inductor's joint-graph passes, then
+  `min_cut_rematerialization_partition(..., compiler="inductor")`), which recomputes cheap elementwise values in the
+  backward rather than save them.
+
+The bytes each saves give the memory effect (`saved_less`). The plan reports it but plans a compiled step's memory as
+the eager one's: run for real on the CPU (benchmarks/compile_cpu.py, Inductor's C++ backend), the step's peak fell
+by 0.6 to 1.5 times the partition's saving, less than it on deeper Llamas, so counting it could plan an OOM; in
+every case measured the compiled peak was below the eager one. Each of Inductor's graphs is then grouped into the
+kernels Inductor generates: matmuls and attention stay library calls (extern kernels), views cost nothing, and every
+other op joins the producers and consumers it is connected to without a library call in between (Inductor's
+vertical fusion of pointwise ops and reductions). A group reads its inputs and writes what others read once; eager
+PyTorch runs every op as a kernel that reads its inputs and writes its output. The two give the memory-bound bytes
+and kernel counts of the compiled step against the eager one, per phase (`CompileEffect`). Grouping every connected
+op overstates fusion where Inductor splits a group (a reduction over another axis, as a norm's weight gradient), so
+the compiled step is if anything modelled a little fast; tests/test_compile.py checks the grouping on hand-built
+graphs. The graphs' op count also sizes the first step's compile time (`COMPILE_SECONDS_PER_OP`).
+
+Traced without checkpointing: under checkpointing a block saves its input whatever the partitioner does, so the
+memory effect is reported for unchecked steps only, and the kernel ratios apply to the recomputed forward as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.cache import load_json, store_json
+from planner.vocab import NO_CHECKPOINTING
+
+#: Seconds of the first compiled step per op of the joint forward+backward graph (Dynamo, AOTAutograd, Inductor's
+#: lowering and Triton's kernel compilation all grow with the graph). From the cold first forward+backward of
+#: torch 2.13 default `torch.compile` on a B200 with a fresh Inductor cache: "about 22s (1B) and 47s (8B)"
+#: (stas00/ml-engineering@744d01e:training/performance/README.md, section torch.compile; NousResearch/Llama-3.2-1B
+#: seq 512 and Llama-3.1-8B seq 8192, bf16, batch 1), over the two models' joint graphs
+#: in the bf16 program, `compile_effect` at one and two blocks extrapolated over depth: 3,507 and 6,951 ops, i.e.
+#: 6.27 and 6.76 ms per op): their mean, in-sample for those two models. It is a host-CPU cost: a slower host
+#: compiles slower, a warm Inductor cache (a second run of the same program) much faster.
+COMPILE_SECONDS_PER_OP = 6.5e-3
+#: What the published compiled steps take beyond this model, on the device side. On the compute-bound row
+#: (Llama-3.1-8B, seq 8192, full checkpointing, B200, torch 2.13: eager 590.7 ms, compiled 630.2 ms; same source as
+#: COMPILE_SECONDS_PER_OP) the modelled compiled micro-step (444.2 ms) misses by 1.419x while the modelled eager one
+#: (513.7 ms) misses by 1.150x: compiling costs the device 1.419 / 1.150 = 1.23x what the fused roofline says.
+#: Unexplained op by op (no profile of a compiled step has been taken here): it is applied to the compiled
+#: micro-step's device time so that a plan does not promise a gain the only published large compiled step did not
+#: show. In-sample for that row; benchmarks/compile_accuracy.py reports the other rows against it.
+COMPILED_DEVICE_RESIDUAL = 1.23
+CACHE_VERSION = 2
+_EXTERN = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward")
+#: Ops that reduce (over their last dimension where they keep their input's shape: softmax, norms).
+_REDUCTIONS = ("sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "std", "prod", "logsumexp", "norm",
+               "linalg_vector_norm", "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+               "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "nll_loss_forward")
+#: A reduction over more elements than this runs as a looped reduction: Inductor keeps a row on chip (a persistent
+#: reduction, which reads it once) only up to 1024 elements for reductions over the innermost dimension
+#: (torch/_inductor/choices.py `should_use_persistent_reduction`: threshold {ReductionHint.INNER: 1024}, else 64).
+#: A looped reduction whose result the same kernel then applies to the row (a norm's scale, softmax's
+#: normalisation) reads the row a second time.
+PERSISTENT_REDUCTION_MAX = 1024
+FORWARD, BACKWARD = "forward", "backward"
+
+
+@dataclass(frozen=True)
+class GraphCost:
+    """Memory-bound work of one graph: eager (every op its own kernel) and fused (Inductor's groups)."""
+
+    eager_bytes: float
+    eager_kernels: int
+    fused_bytes: float
+    fused_kernels: int
+    extern_kernels: int
+
+    @property
+    def bytes_ratio(self) -> float:
+        return self.fused_bytes / self.eager_bytes if self.eager_bytes else 1.0
+
+    @property
+    def kernel_ratio(self) -> float:
+        return self.fused_kernels / self.eager_kernels if self.eager_kernels else 1.0
+
+
+@dataclass(frozen=True)
+class CompileEffect:
+    """torch.compile against eager for one model program (weights' dtype, autocast, attention kernel)."""
+
+    saved_eager: int            # bytes the unpartitioned joint graph saves for the backward (two blocks)
+    saved_compiled: int         # bytes Inductor's partition saves (two blocks)
+    forward: GraphCost          # Inductor's forward graph against eager (two blocks)
+    backward: GraphCost
+    ops_fixed: float            # joint-graph ops outside the blocks (embeddings, head, loss)
+    ops_per_block: float
+    saved_less_fixed: float     # bytes per sample Inductor's partition saves less than eager, outside the blocks
+    saved_less_per_block: float  # ... and per block
+
+    def saved_less(self, layers: int, micro_batch: int) -> int:
+        """Bytes the compiled blocks save less than eager ones for the backward (saved tensors grow with the
+        micro-batch; traced at one sample). The head's and the loss's saving (`saved_less_fixed`: Inductor fuses the
+        fp32 upcast of the logits into the loss) is left out: the loss's own transients under Inductor are not
+        traced."""
+        return int(max(0.0, self.saved_less_per_block * layers) * micro_batch)
+
+    def phase(self, phase: str) -> GraphCost:
+        return self.forward if phase == FORWARD else self.backward
+
+    def compile_seconds(self, layers: int) -> float:
+        """The first step's compile time for the whole model (every block traced: Dynamo unrolls the layers)."""
+        return COMPILE_SECONDS_PER_OP * (self.ops_fixed + self.ops_per_block * layers)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict) -> "CompileEffect":
+        return CompileEffect(data["saved_eager"], data["saved_compiled"], GraphCost(**data["forward"]),
+                             GraphCost(**data["backward"]), data["ops_fixed"], data["ops_per_block"],
+                             data["saved_less_fixed"], data["saved_less_per_block"])
+
+
+def _name(node) -> str:
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
+
+
+def _nbytes(value) -> float:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return float(value.numel() * value.element_size())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0.0
+
+
+def _kind(node) -> str:
+    """'view' (no kernel), 'extern' (a library call Inductor keeps), 'fusible', or 'other' (no tensor out)."""
+    from planner.memory.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE
+
+    if node.op != "call_function":
+        return "other"
+    name = _name(node)
+    if name in _FREE or name == "getitem":
+        return "view"
+    if name in _EXTERN or name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
+        return "extern"
+    return "fusible" if _nbytes(node.meta.get("val")) else "other"
+
+
+def graph_cost(graph) -> GraphCost:
+    """Eager and fused memory-bound bytes and kernels of an FX graph whose nodes carry `meta['val']`."""
+    nodes = list(graph.nodes)
+    kind = {n: _kind(n) for n in nodes}
+    root: dict = {}
+
+    def source(n):  # a view reads the tensor it views: resolve to the op that wrote it
+        while kind.get(n) == "view" and n.all_input_nodes:
+            n = n.all_input_nodes[0]
+        return n
+
+    stage: dict = {}  # library calls on the longest path to a node: ops fuse only within one stage (no cycle)
+    for n in nodes:
+        stage[n] = max((stage[i] + (kind[i] == "extern") for i in n.all_input_nodes), default=0)
+    parent = {n: n for n in nodes if kind[n] == "fusible"}
+
+    def find(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in parent:
+        for inp in n.all_input_nodes:
+            src = source(inp)
+            if src in parent and stage[src] == stage[n]:
+                parent[find(src)] = find(n)
+    for n in parent:
+        root[n] = find(n)
+    eager = fused = 0.0
+    reads: dict = {}
+    passes: dict = {}  # extra reads of a group's inputs: its looped reductions whose result it uses again
+    for n in parent:
+        inputs = {source(i) for i in n.all_input_nodes}
+        eager += _nbytes(n.meta.get("val")) + sum(_nbytes(i.meta.get("val")) for i in inputs)
+        group = reads.setdefault(root[n], set())
+        group.update(i for i in inputs if root.get(i) is not root[n])
+        users = _users(n, kind)
+        if _looped(n) and any(root.get(u) is root[n] for u in users):
+            passes[root[n]] = passes.get(root[n], 0) + 1
+        if any(root.get(u) is not root[n] for u in users):  # what a group writes: the values read outside it
+            fused += _nbytes(n.meta.get("val"))
+    fused += sum((1 + passes.get(g, 0)) * sum(_nbytes(i.meta.get("val")) for i in group)
+                 for g, group in reads.items())
+    extern = sum(1 for n in nodes if kind[n] == "extern")
+    return GraphCost(eager, len(parent), fused, len(set(root.values())), extern)
+
+
+def _looped(node) -> bool:
+    """A reduction over more elements than a persistent reduction holds."""
+    if _name(node) not in _REDUCTIONS or not node.all_input_nodes:
+        return False
+    first, out = node.all_input_nodes[0].meta.get("val"), node.meta.get("val")
+    if out is None or first is None or not hasattr(first, "numel") or not first.dim():
+        return False
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    reduced = first.numel() // max(1, out.numel()) if out.numel() < first.numel() else first.shape[-1]
+    return reduced > PERSISTENT_REDUCTION_MAX
+
+
+def _users(node, kind) -> list:
+    """The ops that read `node`, looking through views."""
+    out, todo = [], list(node.users)
+    while todo:
+        user = todo.pop()
+        if kind.get(user) == "view":
+            todo.extend(user.users)
+        else:
+            out.append(user)
+    return out
+
+
+def _saved_bytes(forward_graph, num_fwd_outputs: int) -> int:
+    output = next(n for n in forward_graph.graph.nodes if n.op == "output")
+    return int(sum(_nbytes(s.meta.get("val")) for s in output.args[0][num_fwd_outputs:] if hasattr(s, "meta")))
+
+
+def _joint_ops(joint) -> int:
+    return sum(1 for n in joint.graph.nodes if n.op == "call_function")
+
+
+def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
+    """Trace `layers` blocks of the model's step as AOTAutograd's joint graph and partition it both ways."""
+    import torch
+    from functorch.compile import aot_function, default_partition, make_boxed_func
+    from torch._inductor.compile_fx import partition_fn as inductor_partition
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    from planner.memory.step import forward_loss, make_batch
+    from planner.memory.trace import _prepare_config, _quiet_fake_tensor_errors, _real_mask_decisions
+    from planner.models.build import build_meta
+
+    cfg = _prepare_config(config, layers, req)
+    mixed = torch.bfloat16 if req.adapter is not None and (req.autocast or req.half_weights) else None
+    model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
+                       adapter=req.adapter, mixed_dtype=mixed)
+    found: dict = {}
+
+    def partitioned(joint, inputs, **kwargs):
+        found["ops"] = _joint_ops(joint)
+        eager_fw, _ = default_partition(joint, inputs, **kwargs)
+        found["saved_eager"] = _saved_bytes(eager_fw, kwargs["num_fwd_outputs"])
+        fw, bw = inductor_partition(joint, inputs, **kwargs)
+        found["saved_compiled"] = _saved_bytes(fw, kwargs["num_fwd_outputs"])
+        found[FORWARD], found[BACKWARD] = graph_cost(fw.graph), graph_cost(bw.graph)
+        return fw, bw
+
+    with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions(), _quiet_fake_tensor_errors():
+        model.to_empty(device="cpu")
+        model.tie_weights()
+        model.train()
+        batch = make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
+        tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        names, keys = list(tensors), list(batch)
+
+        def step(values, inputs):
+            with _reparametrize_module(model, dict(zip(names, values))):
+                return forward_loss(model, dict(zip(keys, inputs)), req.autocast, objective=req.objective)
+
+        compiled = aot_function(step, fw_compiler=lambda g, _: make_boxed_func(g),
+                                bw_compiler=lambda g, _: make_boxed_func(g), partition_fn=partitioned)
+        compiled([tensors[n] for n in names], [batch[k] for k in keys])
+    return found
+
+
+def compile_effect(config, config_hash: str, total_layers: int, req, trust: bool = False) -> CompileEffect:
+    """The effect of compiling this program, measured at one and two blocks and one sample (cached on disk)."""
+    from dataclasses import replace
+
+    from planner.memory.trace import _key
+
+    # CPU autocast's op lists: CUDA's (planner/memory/autocast.py re-registers autocast kernels) recurse under
+    # AOTAutograd's functionalization; what is kept is the same program's two compilations compared
+    req = replace(req, micro_batch=1, checkpointing=NO_CHECKPOINTING, grads_allocated=True, autocast_device="cpu")
+    key = f"compile-v{CACHE_VERSION}-" + _key(config_hash, 2, req)
+    stored = load_json("traces", key)
+    if stored is not None:
+        return CompileEffect.from_json(stored)
+    one, two = (analyse_program(config, depth, req, trust) for depth in (1, 2))
+    per_block = two["ops"] - one["ops"]
+
+    def less(found):
+        return found["saved_eager"] - found["saved_compiled"]
+
+    less_block = less(two) - less(one)
+    effect = CompileEffect(two["saved_eager"], two["saved_compiled"], two[FORWARD], two[BACKWARD],
+                           max(0.0, one["ops"] - per_block), per_block, less(one) - less_block, less_block)
+    store_json("traces", key, effect.to_json())
+    return effect

@@ -1,0 +1,163 @@
+"""torch.compile as a planned knob: Inductor's fusion and partition read from the model's graph, compile time spread
+over the run, `--compile auto|on|off`, and the emitted settings the libraries load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from emit import emit
+from planner import plan
+from planner.errors import InputError
+from planner.memory.compiled import PERSISTENT_REDUCTION_MAX, CompileEffect, graph_cost
+
+F32 = 4
+
+
+def _graph(fn, *shapes):
+    return make_fx(fn, tracing_mode="fake")(*(torch.randn(*s) for s in shapes)).graph
+
+
+def test_fusion_groups_connected_ops_between_library_calls_and_counts_what_crosses_them():
+    def step(x, w):
+        c = torch.relu(x * 2) @ w
+        return (c + 1).sum()
+
+    cost = graph_cost(_graph(step, (4, 8), (8, 8)))
+    # eager: mul, relu, add, sum are four kernels, each reading its input and writing its output
+    assert (cost.eager_kernels, cost.fused_kernels, cost.extern_kernels) == (4, 2, 1)
+    assert cost.eager_bytes == 4 * 32 * F32 * 2 - 32 * F32 + F32  # sum writes one element
+    # fused: {mul, relu} reads x and writes relu's output (the matmul reads it); {add, sum} reads the matmul's
+    # output and writes the scalar; mul's and add's outputs never reach memory
+    assert cost.fused_bytes == (32 + 32) * F32 + (32 + 1) * F32
+
+
+def test_a_value_used_after_a_library_call_starts_another_kernel():
+    def step(x, w):
+        a = x * 2
+        return (a @ w) + a  # fusing the add into mul's kernel would need the matmul's result before it exists
+
+    cost = graph_cost(_graph(step, (4, 8), (8, 8)))
+    assert cost.fused_kernels == 2 and cost.extern_kernels == 1
+
+
+@pytest.mark.parametrize("width,reads", [(PERSISTENT_REDUCTION_MAX // 2, 1), (PERSISTENT_REDUCTION_MAX * 2, 2)])
+def test_a_norm_over_a_long_row_reads_it_twice(width, reads):
+    def norm(x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
+
+    cost = graph_cost(_graph(norm, (2, width)))
+    row = 2 * width * F32
+    assert cost.fused_kernels == 1 and cost.fused_bytes == reads * row + row
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig
+
+    from planner.models import resolve_model
+
+    return resolve_model(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                     max_position_embeddings=128, architectures=["LlamaForCausalLM"]))
+
+
+def test_the_effect_is_read_from_the_models_joint_graph_and_cached(tmp_path, monkeypatch):
+    from planner.config import Config
+    from planner.memory.estimate import Evaluation
+
+    monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path))
+    evaluation = Evaluation(_tiny_llama(), seq_len=64, optimizer="adamw")
+    cfg = Config.of(micro_batch=4, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
+                    zero_stage=0, offload="none", compiled=True)
+    effect = evaluation.compile_effect(cfg)
+    assert 0 < effect.saved_compiled < effect.saved_eager  # Inductor's partitioner recomputes instead of saving
+    for phase in (effect.forward, effect.backward):
+        assert phase.fused_kernels < phase.eager_kernels and phase.fused_bytes < phase.eager_bytes
+    assert effect.ops_per_block > 0 and effect.compile_seconds(4) > effect.compile_seconds(2)
+    assert CompileEffect.from_json(json.loads(json.dumps(effect.to_json()))) == effect
+    assert effect.saved_less(4, 2) == 2 * effect.saved_less(4, 1) > effect.saved_less(2, 2) > 0
+    # planned as eager: on the CPU the compiled peak fell by less than the partition's saving (compile_cpu.py)
+    eager = cfg.model_copy(update={"compiled": False})
+    assert evaluation.activations(cfg, "auto")[0] == evaluation.activations(eager, "auto")[0]
+    assert cfg.compile_saves_activations() and not cfg.model_copy(
+        update={"checkpointing": "full"}).compile_saves_activations()  # a checkpointed block saves its input
+
+
+def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run():
+    from planner import throughput as tp
+    from planner.hardware import lookup_gpu
+    from planner.hardware.efficiency_data import efficiency
+    from planner.memory.estimate import Evaluation
+    from planner.search import SpeedModel
+
+    resolved = _tiny_llama()
+    gpu = lookup_gpu("H100-80GB")
+    evaluation = Evaluation(resolved, seq_len=64, optimizer="adamw", gpu=gpu)
+    cfg = plan(resolved, 8, gpu="H100-80GB", seq_len=64, compile="off").choice.config
+    compiled = cfg.model_copy(update={"compiled": True})
+    effect = evaluation.compile_effect(compiled)
+    profile, _ = evaluation.speed_profile(cfg)
+    fused = tp.compiled_profile(profile, effect)
+    assert set(fused.dispatch) == {"python_kernels"}  # Inductor's wrapper launches every kernel
+    assert sum(v[2] for v in fused.memory.values()) < sum(v[2] for v in profile.memory.values())
+    eff = efficiency(gpu.name)
+    assert tp.micro_step(fused, 1, cfg.precision, gpu, eff).cpu_s < tp.micro_step(profile, 1, cfg.precision, gpu,
+                                                                                   eff).cpu_s
+    per_step = SpeedModel(evaluation, gpu, 1)(compiled)
+    short_run = SpeedModel(evaluation, gpu, 1, train_steps=10)(compiled)
+    assert per_step.parts.compile == 0
+    assert short_run.parts.compile == pytest.approx(effect.compile_seconds(resolved.spec.layers) / 10)
+    assert short_run.step_time_s == pytest.approx(per_step.step_time_s + short_run.parts.compile)
+
+
+def test_auto_weighs_compiling_only_with_the_runs_length():
+    unknown = plan("gpt2", 8, gpu="A100-80GB", seq_len=256)
+    assert not any(c.config.compiled for c in unknown.candidates)
+    note = next(n for n in unknown.notes if n.startswith("torch.compile"))
+    assert "--train-steps" in note and "compiles for about" in note
+    long = plan("gpt2", 2, gpu="H100-80GB", seq_len=128, train_steps=100_000)
+    assert {c.config.compiled for c in long.candidates} == {False, True}
+    assert long.choice.config.compiled  # a small step is host-bound eager: one launch per fused kernel pays
+    assert any(n.startswith("Compiled.") and "recompiles" in n for n in long.notes)
+    short = plan("gpt2", 2, gpu="H100-80GB", seq_len=128, train_steps=2)
+    assert not short.choice.config.compiled  # two steps cannot repay the compile
+    assert any("eager is faster" in n for n in short.notes)
+    # a device-bound step gains less than the residual the published compiled steps show (planner/memory/compiled.py)
+    bound = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, train_steps=100_000)
+    assert not bound.choice.config.compiled
+    off = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, train_steps=100_000, compile="off")
+    assert not any(c.config.compiled for c in off.candidates) and not any("torch.compile" in n for n in off.notes)
+
+
+def test_compile_on_is_emitted_for_the_trainer_and_accelerate(tmp_path):
+    import transformers
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from planner import load_plan
+
+    p = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, compile="on")
+    assert p.choice.config.compiled and "compiled" in p.choice.config.label()
+    assert p.to_json()["choice"]["compiled"] is True
+    emit(p, tmp_path / "run")
+    args = json.loads((tmp_path / "run" / "training_args.json").read_text())
+    assert args["torch_compile"] is True and args["torch_compile_backend"] == "inductor"
+    targs = transformers.TrainingArguments(**{**args, "output_dir": str(tmp_path / "out"), "use_cpu": True})
+    assert targs.torch_compile and targs.torch_compile_backend == "inductor"
+    acc = load_config_from_file(str(tmp_path / "run" / "accelerate_config.yaml"))
+    assert acc.dynamo_config == {"dynamo_backend": "INDUCTOR"}
+    assert load_plan(tmp_path / "run").choice.compiled
+
+
+def test_a_bad_compile_value_names_the_flag():
+    with pytest.raises(InputError) as info:
+        plan("gpt2", 8, gpu="A100-80GB", compile="sometimes")
+    assert info.value.flag == "--compile"
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--gpu", "A100-80GB", "--compile", "maybe"])
+    assert result.exit_code == 2 and "--compile" in result.output and "Traceback" not in result.output
