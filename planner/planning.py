@@ -402,6 +402,9 @@ def _compile_notes(compile: str, evaluation, gpu, gpus_per_node: int, choice: Ca
     pays off, and what it saves in memory."""
     if compile == COMPILE_OFF or not choice.fits or choice.throughput is None:
         return ()
+    if run_steps is None and compile == AUTO:  # tracing the compiled program costs seconds: only when it is weighed
+        return ("torch.compile not weighed: --compile auto weighs its compile time against what it saves per step "
+                "once the run's length is given (--train-steps or --train-tokens); --compile on plans it.",)
     cfg, spec = choice.config, evaluation.resolved.spec
     effect = evaluation.compile_effect(cfg)
     if effect is None:
@@ -416,14 +419,12 @@ def _compile_notes(compile: str, evaluation, gpu, gpus_per_node: int, choice: Ca
         text += f", repaid after {seconds / (eager - compiled):,.0f} steps"
     if cfg.compiled:
         saved = effect.saved_less(spec.layers, cfg.micro_batch) if cfg.compile_saves_activations() else 0
+        saved *= evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0
         text = (f"Compiled. {text}." + (f" Inductor's partitioner keeps {saved / 2**30:.2f} GiB less for the "
                                          "backward (it recomputes elementwise values); the memory planned is eager's: "
                                          "on the CPU the step's peak fell by 0.6-1.5x that (benchmarks/compile_cpu.py)."
                                          if saved > 0 else "")
                 + " Keep the batch shapes fixed (pad to one length): a new shape recompiles.")
-    elif run_steps is None and compile == AUTO:
-        text += ". Give the run's length (--train-steps or --train-tokens) for --compile auto to weigh it, or " \
-                "pass --compile on."
     else:
         text += f"; over this run's {run_steps:,} steps eager is faster." if run_steps else "."
     return (text,)
