@@ -19,6 +19,9 @@ Leave-one-source-out cross-validation refits it: the ml-engineering fold has no 
 from, so its compiled rows are predicted without it (1.0); every other fold's prediction is the full-data one. All
 errors below are therefore out-of-sample. The script says so in its output.
 
+Rows of Liger-Kernel patched model code (fused kernels trainplan never emits) are predicted as the HF code they
+replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans.
+
 Run from the repository root (traces are cached under the trainplan cache; a cold run takes a few minutes):
     HF_HUB_OFFLINE=1 python benchmarks/throughput_accuracy.py [--set hf|optimised|all] [--worst N]
 Writes benchmarks/results/throughput_accuracy.json and prints the report (also saved as throughput_accuracy.txt).
@@ -58,6 +61,11 @@ GROUPS = (("llmf-a100", "llm-foundry A100"), ("llmf-h100", "llm-foundry H100"), 
           ("tfdocs-opt", "transformers docs OPT"), ("tlkh", "tlkh benchmarks"), ("hf15026", "transformers #15026"))
 
 
+#: Rows whose model code is patched with fused kernels trainplan never emits (Liger-Kernel's RMSNorm, RoPE, SwiGLU and
+#: fused linear cross-entropy): predicted as the HF code they replace, and reported apart from the programs planned.
+OTHER_PROGRAM = "Liger-Kernel patched model code (not a program trainplan plans)"
+
+
 class Skip(Exception):
     """A row this script cannot interpret; the message is the reason."""
 
@@ -79,6 +87,8 @@ class Case:
     objective: str           # what the backward starts from (`vocab.OBJECTIVE`)
     notes: list[str] = field(default_factory=list)
     predicted: float = 0.0
+    #: why the published program is not one trainplan plans (reported apart), or ""
+    other_program: str = ""
 
     @property
     def log_ratio(self) -> float:
@@ -249,8 +259,9 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
         models[key] = hf_model(row) if kind == "hf" else optimised_model(row)
     group = next((g for prefix, g in GROUPS if row["id"].startswith(prefix)), "other")
     attention = "eager" if str(row.get("attention", "")).lower().startswith("eager") else "sdpa"
+    other = OTHER_PROGRAM if "Liger-Kernel" in row.get("notes", "") else ""
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
-                max(1, world // nodes), attention, compute_only(row), objective(row), notes)
+                max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other)
 
 
 # ------------------------------------------------------------------------------------------------ predicting
@@ -360,17 +371,21 @@ BREAKDOWNS = {"source": lambda c: c.group, "gpu": lambda c: c.gpu, "precision": 
 
 def report(title: str, cases: list[Case], skipped: dict[str, int], worst: int) -> list[str]:
     out = [f"\n{title}: {len(cases)} rows predicted, {sum(skipped.values())} skipped"]
+    others = [c for c in cases if c.other_program]
+    cases = [c for c in cases if not c.other_program]
     if not cases:
         return out
     errors = [signed_error(c) for c in cases]
     out.append(line("ALL (out-of-sample)", errors))
+    for why in sorted({c.other_program for c in others}):
+        out.append(line(f"apart: {why}", [signed_error(c) for c in others if c.other_program == why], width=30))
     for name, key in BREAKDOWNS.items():
         buckets = defaultdict(list)
         for c, e in zip(cases, errors):
             buckets[key(c)].append(e)
         out += [line(f"{name}={value}", es) for value, es in sorted(buckets.items())]
     out.append("  worst rows (err = predicted/published step time - 1):")
-    for c in sorted(cases, key=lambda c: -abs(signed_error(c)))[:worst]:
+    for c in sorted(cases + others, key=lambda c: -abs(signed_error(c)))[:worst]:
         out.append(f"    {c.id:<40} {signed_error(c):+7.1%}  {c.cfg.label()}  {'; '.join(c.notes)}")
     out += [f"  skipped: {n} x {why}" for why, n in sorted(skipped.items(), key=lambda kv: -kv[1])]
     return out
@@ -398,7 +413,7 @@ def main() -> None:
         lines += report(title, cases, skipped, args.worst)
         record[kind] = [{"id": c.id, "group": c.group, "metric": c.metric, "published": c.value,
                          "predicted": c.predicted, "error": signed_error(c), "config": c.cfg.label(),
-                         "notes": c.notes} for c in cases]
+                         "notes": c.notes, "other_program": c.other_program} for c in cases]
         if kind == "optimised":
             taus = sweeps(cases)
             lines.append(f"\n  llm-foundry sweeps: median Kendall tau {median([t for _, _, t in taus]):+.2f} "
