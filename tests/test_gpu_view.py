@@ -86,3 +86,48 @@ def test_objective_sum_skips_the_loss():
         estimate_memory("gpt2", objective="mean", **kw)
 
 
+
+
+def test_cublas_copies_an_expanded_operand_for_the_kernels_duration():
+    import torch
+
+    from planner.memory.tracker import LiveStorageTracker, cublas_operand_copies
+
+    w = torch.randn(64, 32)
+    grad = torch.ones(()).expand(128, 64)  # what SumBackward hands the LM head: a stride-0 view
+    assert cublas_operand_copies(torch.ops.aten.mm.default, (grad, w)) == 128 * 64 * 4
+    assert cublas_operand_copies(torch.ops.aten.mm.default, (grad.contiguous(), w)) == 0
+    assert cublas_operand_copies(torch.ops.aten.mm.default, (w.t(), grad.contiguous().t())) == 0  # transposes: as is
+    peaks = {}
+    for cuda in (False, True):
+        tracker = LiveStorageTracker(cuda_matmuls=cuda)
+        with tracker:
+            tracker.track_all([w, grad])
+            base = tracker.reset_peak()
+            out = grad @ w
+        peaks[cuda] = tracker.peak - base
+    assert peaks[False] == out.numel() * 4 and peaks[True] == peaks[False] + 128 * 64 * 4
+
+
+def test_a_sum_objective_keeps_its_outputs_through_the_backward_as_the_benchmarks_loop_does():
+    from transformers import GPT2Config
+
+    from planner.memory.trace import TraceRequest, run_trace
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4096, n_positions=128)
+    config.architectures = ["GPT2LMHeadModel"]
+    req = dict(micro_batch=2, seq_len=128, activations="half", checkpointing="none", attention="flash",
+               attention_dropout=False, objective="sum")
+    cpu, cuda = (run_trace(config, 2, TraceRequest(**req, autocast_device=device)) for device in ("cpu", "cuda"))
+    logits = 2 * 128 * 4096 * 2  # bf16
+    # in the LM head's backward (the peak) CUDA adds cuBLAS's copy of the logits' expanded gradient
+    assert cpu.backward + logits // 2 < cuda.backward <= cpu.backward + logits and cuda.forward == cpu.forward
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from planner.memory.step import forward_loss
+
+    held: list = []
+    loss = forward_loss(GPT2LMHeadModel(config), {"input_ids": torch.zeros(2, 8, dtype=torch.long)}, None,
+                        objective="sum", hold=held)
+    assert held and held[0].logits.shape == (2, 8, 4096) and loss.requires_grad  # kept for the caller's backward

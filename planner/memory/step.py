@@ -95,14 +95,15 @@ def autocast_context(dtype_name: str | None, device_type: str):
 
 
 def forward_loss(model, batch: dict, autocast: str | None, device_type: str = "cpu",
-                 objective: str = LABELS_OBJECTIVE):
+                 objective: str = LABELS_OBJECTIVE, hold: list | None = None):
     """The forward of one micro-batch and its loss: the head's own (`vocab.OBJECTIVE`), or the sum of the first
     output; a head without a loss trains on the mean of its output. Under autocast the outputs leave the forward
     as accelerate's mixed-precision wrapper hands them to the Trainer: the autocast region closed (which frees its
     cached 16-bit weights), then every 16-bit output copied to fp32 (accelerate/accelerator.py `prepare_model`,
     `convert_outputs_to_fp32(autocast_context(...))`; accelerate/utils/operations.py `convert_to_fp32`): a second,
     fp32 copy of the logits, at BERT-large's MLM head the step's peak on an H100
-    (benchmarks/results/gpu_memory_peak-H100-80GB-2026-11-23-after.json)."""
+    (benchmarks/results/gpu_memory_peak-H100-80GB-2026-11-23-after.json). `hold` receives the outputs of a sum
+    objective, for a caller that keeps them through the backward as the benchmarks' loops do."""
     from accelerate.utils import convert_to_fp32
 
     with autocast_context(autocast, device_type):
@@ -110,6 +111,8 @@ def forward_loss(model, batch: dict, autocast: str | None, device_type: str = "c
     if autocast:
         out = convert_to_fp32(out)
     if objective != LABELS_OBJECTIVE:
+        if hold is not None:  # the benchmarks' loop keeps `outputs` (the logits) alive through the backward
+            hold.append(out)
         return out[0].sum()
     return out.loss if getattr(out, "loss", None) is not None else out[0].float().mean()
 

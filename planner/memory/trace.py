@@ -31,7 +31,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 18
+CACHE_VERSION = 19
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,9 @@ class TraceRequest:
     #: gradients exist before the step (every micro-step after the first of an accumulation); without, the
     #: backward allocates them as it goes and the peak above the weights includes those made by then
     grads_allocated: bool = True
-    #: whose autocast op lists the traced step follows: "cuda" applies CUDA's (planner/memory/autocast.py) to the
-    #: CPU trace, "cpu" keeps CPU autocast's
+    #: the device whose rules the traced step follows: "cuda" applies CUDA's autocast op lists
+    #: (planner/memory/autocast.py) and counts the operand copies its matmuls make (planner/memory/tracker.py);
+    #: "cpu" keeps CPU autocast's
     autocast_device: str = "cpu"
     #: LoRA / QLoRA adapters peft injects (planner.models.adapters.Adapter); None trains the whole model
     adapter: object = None
@@ -330,8 +331,9 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
     mixed = torch.bfloat16 if req.adapter is not None and (req.autocast or req.half_weights) else None
     model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
                        adapter=req.adapter, mixed_dtype=mixed)
-    tracker = LiveStorageTracker()
+    tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
     recorder = OpRecorder(req.micro_batch, req.seq_len)
+    held: list = []  # a sum objective's outputs, kept through the backward (`forward_loss`)
     with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions(), _quiet_fake_tensor_errors():
         model.to_empty(device="cpu")
         model.tie_weights()
@@ -346,7 +348,7 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
             base = tracker.reset_peak()
             tracker.record()
             with _sdpa_kernel(req.attention), _autocast_rules(req), recorder:
-                loss = forward_loss(model, batch, req.autocast, objective=req.objective)
+                loss = forward_loss(model, batch, req.autocast, objective=req.objective, hold=held)
                 forward = tracker.peak - base
                 tracker.restart_peak()
                 recorder.phase = "backward"

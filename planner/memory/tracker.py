@@ -15,9 +15,27 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 
 
+#: Matmuls whose CUDA kernels hand cuBLAS only matrices it can address: an operand that is neither dense nor
+#: row/column-major with a valid leading dimension (an expanded, stride-0 tensor) is first cloned contiguous for the
+#: duration of the kernel (aten/src/ATen/native/cuda/Blas.cpp `prepare_matrix_for_cublas`, `else` branch:
+#: `tensor.clone(at::MemoryFormat::Contiguous)`; `prepare_batch_matrix_for_cublas` likewise). The clone happens inside
+#: the kernel, below any dispatch mode: a trace of a CUDA step adds it here (`cuda_matmuls`).
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def cublas_operand_copies(func, args) -> int:
+    """Bytes of the contiguous copies CUDA's matmul makes of operands with a zero stride (expanded tensors)."""
+    if func.overloadpacket.__name__ not in _MATMULS:
+        return 0
+    return sum(t.numel() * t.element_size() for t in args
+               if isinstance(t, torch.Tensor) and t.dim() >= 2
+               and any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)))
+
+
 class LiveStorageTracker(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, cuda_matmuls: bool = False):
         super().__init__()
+        self.cuda_matmuls = cuda_matmuls  # count the transient operand copies CUDA's matmuls make
         self._live: dict[int, tuple[StorageWeakRef, int]] = {}
         # Storages live at the last reset (parameters, gradients, optimizer states): they outlive the
         # step, so they are not swept op by op, which keeps the per-op cost to the step's own tensors.
@@ -78,5 +96,8 @@ class LiveStorageTracker(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track(t)
-        self.peak = max(self.peak, self.current)
+        copies = cublas_operand_copies(func, args) if self.cuda_matmuls else 0
+        if copies and self.events is not None:  # allocated with the kernel's output, freed when it returns
+            self.events += [("alloc", -len(self.events) - 1, copies), ("free", -len(self.events) - 1, 0)]
+        self.peak = max(self.peak, self.current + copies)
         return out
