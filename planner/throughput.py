@@ -62,6 +62,8 @@ class StepParts(BaseModel):
     offload: float = 0.0
     #: torch.compile's first-step compile time spread over the run's optimizer steps (0: eager, or run length unknown)
     compile: float = 0.0
+    #: that first step's compile time itself, paid once per run (not part of `total`)
+    compile_once: float = 0.0
 
     @property
     def total(self) -> float:
@@ -294,10 +296,10 @@ def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_
     device time carries the measured residual (planner/memory/compiled.py `COMPILED_DEVICE_RESIDUAL`); its compile
     time is spread over `train_steps` where the run's length is known."""
     blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
-    compile_s, residual = 0.0, 1.0
+    compile_once, residual = 0.0, 1.0
     if cfg.compiled and compile_effect is not None:
         profile, blocks, residual = compiled_profile(profile, compile_effect), 0, COMPILED_DEVICE_RESIDUAL
-        compile_s = compile_effect.compile_seconds(spec.layers) / train_steps if train_steps else 0.0
+        compile_once = compile_effect.compile_seconds(spec.layers)
     micro = micro_step(profile, cfg.micro_batch / traced_micro_batch, cfg.precision, gpu, eff, blocks,
                        cfg.tensor_parallel, tp_share)
     extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, seq_len, gpus_per_node, gpu,
@@ -308,7 +310,8 @@ def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_
     opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)
     comm = communication_seconds(spec, cfg, gpus_per_node, backward, micro.seconds, gpu, eff)
     off = offload_seconds(spec, cfg, gpu, eff)
-    parts = StepParts(compute=compute, optimizer=opt, communication=comm, offload=off, compile=compile_s)
+    parts = StepParts(compute=compute, optimizer=opt, communication=comm, offload=off,
+                      compile=compile_once / train_steps if train_steps else 0.0, compile_once=compile_once)
     total = parts.total
     tokens = cfg.global_batch * seq_len
     dense, attn = flops_per_token(spec, seq_len)

@@ -99,6 +99,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _compile_allowance(context, cfg) -> float:
+    """Seconds a compiled candidate's probe needs beyond a probe's limit: the modelled first-step compile time
+    (planner/throughput.py `StepParts.compile_once`), which its warm-up step pays."""
+    plan = getattr(context, "plan", None)
+    if not cfg.compiled or plan is None:
+        return 0.0
+    found = next((c for c in plan.candidates if c.config == cfg and c.throughput is not None), None)
+    return found.throughput.parts.compile_once if found else 0.0
+
+
 @dataclass
 class Prober:
     """Measures candidates on this machine's GPUs (or, for tests, on the CPU: `device="cpu"`)."""
@@ -127,7 +137,8 @@ class Prober:
         run_cfg = cfg.model_copy(update={"world_size": processes, "grad_accum": min(cfg.grad_accum,
                                                                                        PROBE_ACCUMULATION)})
         files = probe_files(context.plan, run_cfg)
-        limit = self.timeout_s if timeout_s is None else min(self.timeout_s, timeout_s)
+        limit = self.timeout_s + _compile_allowance(context, cfg)  # a compiled candidate's warm-up compiles
+        limit = limit if timeout_s is None else min(limit, timeout_s)
         key = cache.probe_key(files, context.gpu_name, (self.warmup, self.steps, self.device))
         if self.use_cache:
             hit = cache.load(key, limit)

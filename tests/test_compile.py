@@ -108,7 +108,8 @@ def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run
                                                                                    eff).cpu_s
     per_step = SpeedModel(evaluation, gpu, 1)(compiled)
     short_run = SpeedModel(evaluation, gpu, 1, train_steps=10)(compiled)
-    assert per_step.parts.compile == 0
+    assert per_step.parts.compile == 0 and per_step.parts.compile_once == pytest.approx(
+        effect.compile_seconds(resolved.spec.layers))
     assert short_run.parts.compile == pytest.approx(effect.compile_seconds(resolved.spec.layers) / 10)
     assert short_run.step_time_s == pytest.approx(per_step.step_time_s + short_run.parts.compile)
 
@@ -149,6 +150,19 @@ def test_compile_on_is_emitted_for_the_trainer_and_accelerate(tmp_path):
     acc = load_config_from_file(str(tmp_path / "run" / "accelerate_config.yaml"))
     assert acc.dynamo_config == {"dynamo_backend": "INDUCTOR"}
     assert load_plan(tmp_path / "run").choice.compiled
+
+
+def test_a_compiled_candidates_probe_gets_its_compile_time_on_top_of_a_probes_limit():
+    from types import SimpleNamespace
+
+    from probes.runner import _compile_allowance
+
+    p = plan("gpt2", 2, gpu="H100-80GB", seq_len=128, compile="on")
+    cfg = p.choice.config
+    allowance = _compile_allowance(SimpleNamespace(plan=p), cfg)
+    assert allowance == p.choice.throughput.parts.compile_once > 1  # seconds of Inductor before the first step
+    assert _compile_allowance(SimpleNamespace(plan=p), cfg.model_copy(update={"compiled": False})) == 0
+    assert _compile_allowance(SimpleNamespace(plan=None), cfg) == 0
 
 
 def test_a_bad_compile_value_names_the_flag():
