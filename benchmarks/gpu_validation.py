@@ -6,13 +6,16 @@ Needs a CUDA GPU (exits 2 without one). For a matrix of models x precisions x ch
 training script under the emitted files (`probes.Prober`, the program users run), and compares the plan's
 `peak_allocated` / `peak_reserved` with torch.cuda.max_memory_allocated / max_memory_reserved and its modelled
 micro-step, optimizer step and tokens/s with the measured ones. It replays benchmarks/allocator_replay.py's
-workloads through the real CUDA caching allocator against planner/memory/allocator.py. Then it plans
+workloads through the real CUDA caching allocator against planner/memory/allocator.py. The compile section runs
+three of those configurations eager and under torch.compile (the emitted `torch_compile`), for the compiled step,
+its speed-up and its compile time against planner/memory/compiled.py's model. Then it plans
 bloom-560m at batch 256 with probes (cold probe cache; total probe time) and sweeps every single-GPU torch
 candidate by probing, to report the chosen plan's throughput as a fraction of the best measured one.
 Results go to benchmarks/results/gpu_validation-<GPU>-<date>-<sections>.json with versions, rewritten after
 every row.
 
-Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py [--quick] [--out DIR] [--sections matrix,allocator,choice]
+Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py [--quick] [--out DIR]
+          [--sections matrix,allocator,compile,choice]
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ MODELS = {  # name -> (seq_len, micro-batches)
     "google-bert/bert-large-uncased": (512, (8, 32)),
 }
 PRECISIONS = ("bf16-mixed", "fp32")
+#: (model, seq, precision, checkpointing, micro-batch) run eager and compiled by the compile section
+COMPILE_CONFIGS = (("openai-community/gpt2", 1024, "bf16-mixed", "none", 4),
+                   ("bigscience/bloom-560m", 1024, "bf16-mixed", "none", 2),
+                   ("meta-llama/Llama-3.2-1B", 2048, "bf16-mixed", "full", 1))
 CHECKPOINTING = ("none", "full")
 
 
@@ -45,23 +52,26 @@ def matrix(quick: bool) -> list[tuple]:
     return first if quick else first + [r for r in rows if r not in first]
 
 
-def pinned_plan(name: str, seq: int, precision: str, ckpt: str, mb: int, gpu_name: str, batch: int | None = None):
+def pinned_plan(name: str, seq: int, precision: str, ckpt: str, mb: int, gpu_name: str, batch: int | None = None,
+                compile: str = "off"):
     """The plan of one pinned single-GPU configuration (global batch `batch`, by default two micro-batches): what
     this benchmark runs, and what gpu_profile_step.py and gpu_measured.py re-plan."""
     from planner import plan
 
     return plan(name, batch or mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb,
-                precision=precision, checkpointing=ckpt, zero_stage=0, offload=False, detect=False)
+                precision=precision, checkpointing=ckpt, zero_stage=0, offload=False, detect=False, compile=compile)
 
 
-def measure_one(prober, gpu_name: str, name: str, seq: int, precision: str, ckpt: str, mb: int) -> dict:
+def measure_one(prober, gpu_name: str, name: str, seq: int, precision: str, ckpt: str, mb: int,
+                compile: str = "off") -> dict:
     """Plan one pinned single-GPU configuration, run it, and compare."""
     from planner.models import resolve_model
     from planner.refine import ProbeContext
 
-    row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb}
+    row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb,
+           "compile": compile}
     try:
-        draft = pinned_plan(name, seq, precision, ckpt, mb, gpu_name)
+        draft = pinned_plan(name, seq, precision, ckpt, mb, gpu_name, compile=compile)
     except Exception as err:  # noqa: BLE001 - a configuration the planner refuses is a row, not a crash
         return {**row, "status": "not planned", "reason": str(err)[:300]}
     cand = draft.choice
@@ -93,6 +103,30 @@ def validate_memory(prober, gpu_name: str, configs: list[tuple], save) -> list[d
               f"reserved err {row.get('reserved_error', float('nan')):+.1%}  "
               f"process err {row.get('process_error', float('nan')):+.1%}  "
               f"step err {row.get('step_time_error', float('nan')):+.1%}", flush=True)
+    return rows
+
+
+def validate_compile(prober, gpu_name: str, save) -> list[dict]:
+    """Each COMPILE_CONFIGS row eager and compiled: the measured speed-up and compile time (the compiled probe's wall
+    time less the eager one's: the same launch, build and steps, plus Inductor) against the model's."""
+    rows = []
+    for config in COMPILE_CONFIGS:
+        eager, compiled = (measure_one(prober, gpu_name, *config, compile=mode) for mode in ("off", "on"))
+        row = {"eager": eager, "compiled": compiled}
+        if eager.get("status") == "ok" and compiled.get("status") == "ok":
+            row.update(speedup_measured=eager["step_time_s"] / compiled["step_time_s"],
+                       speedup_predicted=eager["predicted_step_s"] / compiled["predicted_step_s"],
+                       compile_s_measured=compiled["seconds"] - eager["seconds"],
+                       compile_s_predicted=compiled["predicted_parts"]["compile_once"],
+                       compiled_step_error=compiled["step_time_error"],
+                       peak_allocated_compiled_over_eager=compiled["peak_allocated"] / eager["peak_allocated"])
+        rows.append(row)
+        save(rows)
+        nan = float("nan")
+        print(f"{config[0]:32s} compiled {compiled.get('status')}: speed-up measured "
+              f"{row.get('speedup_measured', nan):.2f}x, modelled {row.get('speedup_predicted', nan):.2f}x; "
+              f"compile {row.get('compile_s_measured', nan):.0f} s, modelled "
+              f"{row.get('compile_s_predicted', nan):.0f} s", flush=True)
     return rows
 
 
@@ -168,8 +202,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one precision and micro-batch per model")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results")))
-    parser.add_argument("--sections", default="matrix,allocator,choice",
-                        help="comma-separated: matrix, allocator, choice")
+    parser.add_argument("--sections", default="matrix,allocator,compile,choice",
+                        help="comma-separated: matrix, allocator, compile, choice")
     parser.add_argument("--probe-budget", type=float, default=600.0, help="seconds of probes for the planned choice")
     parser.add_argument("--configs", default=":", help="a slice I:J of the matrix (quick set first)")
     parser.add_argument("--sweep-budget", type=float, default=240.0,
@@ -211,6 +245,12 @@ def main() -> int:
     if "allocator" in sections:
         result["allocator"] = validate_allocator()
         save()
+    if "compile" in sections:
+        def save_compile(rows: list[dict]) -> None:
+            result["compile"] = rows
+            save()
+
+        validate_compile(Prober(device="cuda", use_cache=False), gpu_name, save_compile)
     if "choice" in sections:
         def save_choice(part: dict) -> None:
             result["choice"] = part
