@@ -53,7 +53,7 @@ COMPILE_SECONDS_PER_OP = 6.5e-3
 #: show. In-sample for that row; benchmarks/compile_accuracy.py reports the other rows against it.
 COMPILED_DEVICE_RESIDUAL = 1.23
 CACHE_VERSION = 2
-_EXTERN = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward")
+_CONVOLUTIONS = ("convolution", "convolution_backward")  # library calls beside the op profile's matmuls
 #: Ops that reduce (over their last dimension where they keep their input's shape: softmax, norms).
 _REDUCTIONS = ("sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "std", "prod", "logsumexp", "norm",
                "linalg_vector_norm", "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
@@ -141,14 +141,14 @@ def _nbytes(value) -> float:
 
 def _kind(node) -> str:
     """'view' (no kernel), 'extern' (a library call Inductor keeps), 'fusible', or 'other' (no tensor out)."""
-    from planner.memory.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE
+    from planner.memory.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE, _MATMULS
 
     if node.op != "call_function":
         return "other"
     name = _name(node)
     if name in _FREE or name == "getitem":
         return "view"
-    if name in _EXTERN or name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
+    if name in _MATMULS or name in _CONVOLUTIONS or name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
         return "extern"
     return "fusible" if _nbytes(node.meta.get("val")) else "other"
 
@@ -236,20 +236,13 @@ def _joint_ops(joint) -> int:
 
 def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
     """Trace `layers` blocks of the model's step as AOTAutograd's joint graph and partition it both ways."""
-    import torch
     from functorch.compile import aot_function, default_partition, make_boxed_func
     from torch._inductor.compile_fx import partition_fn as inductor_partition
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.utils.stateless import _reparametrize_module
 
-    from planner.memory.step import forward_loss, make_batch
-    from planner.memory.trace import _prepare_config, _quiet_fake_tensor_errors, _real_mask_decisions
-    from planner.models.build import build_meta
+    from planner.memory.step import forward_loss
+    from planner.memory.trace import fake_step_model
 
-    cfg = _prepare_config(config, layers, req)
-    mixed = torch.bfloat16 if req.adapter is not None and (req.autocast or req.half_weights) else None
-    model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
-                       adapter=req.adapter, mixed_dtype=mixed)
     found: dict = {}
 
     def partitioned(joint, inputs, **kwargs):
@@ -261,11 +254,7 @@ def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
         found[FORWARD], found[BACKWARD] = graph_cost(fw.graph), graph_cost(bw.graph)
         return fw, bw
 
-    with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions(), _quiet_fake_tensor_errors():
-        model.to_empty(device="cpu")
-        model.tie_weights()
-        model.train()
-        batch = make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
+    with fake_step_model(config, layers, req, trust) as (model, batch):
         tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         names, keys = list(tensors), list(batch)
 

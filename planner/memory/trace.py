@@ -314,16 +314,15 @@ def _sdpa_kernel(kernel: str):
     return sdpa_kernel(getattr(SDPBackend, backend))
 
 
-def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> TracePoint:
-    """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks, and the
-    allocator's slack over the step's own allocations."""
+@contextlib.contextmanager
+def fake_step_model(config, layers: int, req: TraceRequest, trust: bool = False):
+    """The model of `layers` blocks as `req`'s step runs it (weights' dtype, adapters, attention settings,
+    checkpointing) under FakeTensorMode, in training mode, with a batch for it: what a trace runs its step on (here,
+    and AOTAutograd's capture in planner/memory/compiled.py)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.memory.allocator import replay
-    from planner.memory.profile import OpRecorder
-    from planner.memory.step import enable_checkpointing, forward_loss, make_batch
-    from planner.memory.tracker import LiveStorageTracker
+    from planner.memory.step import enable_checkpointing, make_batch
     from planner.models.build import build_meta
 
     cfg = _prepare_config(config, layers, req)
@@ -331,15 +330,28 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
     mixed = torch.bfloat16 if req.adapter is not None and (req.autocast or req.half_weights) else None
     model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
                        adapter=req.adapter, mixed_dtype=mixed)
-    tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
-    recorder = OpRecorder(req.micro_batch, req.seq_len)
-    held: list = []  # a sum objective's outputs, kept through the backward (`forward_loss`)
     with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions(), _quiet_fake_tensor_errors():
         model.to_empty(device="cpu")
         model.tie_weights()
         model.train()
         enable_checkpointing(model, req.checkpointing)
-        batch = make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
+        yield model, make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
+
+
+def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> TracePoint:
+    """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks, and the
+    allocator's slack over the step's own allocations."""
+    import torch
+
+    from planner.memory.allocator import replay
+    from planner.memory.profile import OpRecorder
+    from planner.memory.step import forward_loss
+    from planner.memory.tracker import LiveStorageTracker
+
+    tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
+    recorder = OpRecorder(req.micro_batch, req.seq_len)
+    held: list = []  # a sum objective's outputs, kept through the backward (`forward_loss`)
+    with fake_step_model(config, layers, req, trust) as (model, batch):
         with tracker:
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
             for p in model.parameters():  # gradients already allocated, as mid-accumulation
