@@ -272,6 +272,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
                                                 "--precision, --engine, --optimizer).")
     model_speed = SpeedModel(evaluator.evaluation, gpu, space.gpus_per_node, space.train_steps)
+    evaluator.evaluation.prefetch_speed_traces(configs)
     speeds = {c: model_speed(c) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
     results: list[Candidate] = []

@@ -106,6 +106,16 @@ def test_traces_are_cached(monkeypatch):
     assert calls == []
 
 
+def test_memory_traces_skip_the_op_profile_until_one_is_asked_for():
+    config, r = tiny_llama(2), req(micro_batch=3)
+    memory_only = trace_mod._cached_trace(config, "tiny-profile", 2, r, False)
+    assert memory_only.profile is None
+    with_ops = trace_mod._cached_trace(config, "tiny-profile", 2, r, False, profile=True)
+    assert with_ops.profile and with_ops.activations == memory_only.activations
+    trace_mod._memory_cache.clear()  # the stored trace now has its profile: no third run
+    assert trace_mod._cached_trace(config, "tiny-profile", 2, r, False).profile == with_ops.profile
+
+
 def test_gpu_view_drops_attention_dropout_masks_and_adds_overheads():
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=256,
                                      architectures=["GPT2LMHeadModel"])

@@ -317,9 +317,8 @@ class Evaluation:
         spec, resolved = self.resolved.spec, self.resolved
         if resolved.config is None:
             return None
-        anchor = speed_anchor_micro_batch(spec, self.seq_len)
-        req = replace(self.trace_request(cfg), micro_batch=anchor, checkpointing=NO_CHECKPOINTING,
-                      grads_allocated=True)
+        req = self.speed_request(cfg)
+        anchor = req.micro_batch
         try:
             one, two = speed_trace_profiles(resolved, req)
         except Exception:  # noqa: BLE001 - an untraceable model gets the formula profile
@@ -334,6 +333,28 @@ class Evaluation:
         if info.per_op_policy:
             return base.scaled_add(block, blocks, matmul_factor=blocks / 2, attention=False), anchor
         return base.scaled_add(block, blocks), anchor
+
+    def speed_request(self, cfg: Config):
+        """The traced program of `cfg`'s speed profile: its micro-step at the anchor micro-batch, without
+        checkpointing (recomputation is added per block), mid-accumulation."""
+        return replace(self.trace_request(cfg), micro_batch=speed_anchor_micro_batch(self.resolved.spec, self.seq_len),
+                       checkpointing=NO_CHECKPOINTING, grads_allocated=True)
+
+    def prefetch_speed_traces(self, configs) -> None:
+        """Trace the speed profiles `configs` need side by side where cores are spare (planner/memory/trace.py
+        `prefetch_traces`); `speed_profile` then finds them cached."""
+        from planner.memory.trace import prefetch_traces
+
+        resolved = self.resolved
+        if resolved.config is None:
+            return
+        requests = {self.speed_request(cfg) for cfg in configs}
+        try:
+            prefetch_traces(resolved.config, resolved.spec.config_hash,
+                            [(depth, req, True) for req in requests for depth in speed_depths(resolved.config)],
+                            resolved.trust_remote_code)
+        except Exception:  # noqa: BLE001 - `speed_profile` meets the failure again and falls back per program
+            pass
 
     def _fit(self, cfg: Config):
         resolved, spec = self.resolved, self.resolved.spec
@@ -363,15 +384,22 @@ def speed_trace_profiles(resolved, req):
     """The speed trace at the smallest depths that show one block (1 and 2; 2 and 4 where blocks alternate), also
     for models shallower than that (the profile is extrapolated to their depth)."""
     from planner.memory.profile import Profile
-    from planner.memory.trace import TRACED_LAYERS_ALTERNATING, _cached_trace
+    from planner.memory.trace import _cached_trace
 
     spec = resolved.spec
-    kinds = getattr(resolved.config, "layer_types", None)
-    l1, l2 = TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else (1, 2)
-    points = [(depth, _cached_trace(resolved.config, spec.config_hash, depth, req, resolved.trust_remote_code))
-              for depth in dict.fromkeys((l1, l2))]
+    points = [(depth, _cached_trace(resolved.config, spec.config_hash, depth, req, resolved.trust_remote_code,
+                                    profile=True))
+              for depth in speed_depths(resolved.config)]
     profiles = [(depth, Profile.from_json(point.profile)) for depth, point in points]
     return profiles[0], profiles[-1]
+
+
+def speed_depths(config) -> tuple[int, ...]:
+    """The depths of the speed trace: 1 and 2 blocks, 2 and 4 where blocks alternate."""
+    from planner.memory.trace import TRACED_LAYERS_ALTERNATING
+
+    kinds = getattr(config, "layer_types", None)
+    return tuple(dict.fromkeys(TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else (1, 2)))
 
 
 def speed_anchor_micro_batch(spec, seq_len: int) -> int:

@@ -4,8 +4,8 @@ Nothing is allocated: every tensor is fake, yet the live-storage accounting of `
 matches a real step. A trace runs one forward+backward, with the gradients already allocated (every micro-batch
 after the first of an accumulation cycle) or not (the first, whose backward allocates them), and measures the
 peak above the model states present: the activations, in the broad sense of everything the step allocates and
-frees (saved tensors, autocast weight copies, logits, the loss's scratch). It also records the step's op
-profile (planner/memory/profile.py) for the speed model.
+frees (saved tensors, autocast weight copies, logits, the loss's scratch). Asked to, it also records the step's
+op profile (planner/memory/profile.py) for the speed model.
 
 Models are traced at two depths at the micro-batch asked for and extrapolated per block (`TraceFit`);
 with `batch_slope` two micro-batches more give the per-sample slope too. The model states themselves are
@@ -42,7 +42,9 @@ class TracePoint:
 
     activations: int
     slack: int
-    profile: dict           # planner.memory.profile.Profile as JSON: the step's ops, for the speed model
+    #: planner.memory.profile.Profile as JSON: the step's ops, for the speed model; None where the trace was run for
+    #: its memory alone (recording the ops costs a tenth of a trace)
+    profile: dict | None
     forward: int = 0        # the peak while the forward and the loss run (`activations` is the larger of the two)
     backward: int = 0       # the peak while the backward runs
 
@@ -151,15 +153,21 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
 
     Without `batch_slope` only the anchor micro-batch is traced (2 traces instead of 4) and the fit is
     valid at that micro-batch alone."""
-    l1, l2 = traced_layers(config, total_layers)
+    depths = tuple(dict.fromkeys(traced_layers(config, total_layers)))
     b1, b2 = req.micro_batch, req.micro_batch + 1
-    depths = tuple(dict.fromkeys((l1, l2)))
+    prefetch_traces(config, config_hash, _fit_jobs(depths, req, batch_slope), trust_remote_code)
     anchor = [_cached_trace(config, config_hash, layers, req, trust_remote_code) for layers in depths]
     more = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code)
             for layers in depths] if batch_slope else None
     slack = max(point.slack for point in anchor)
     backward = _phase_fit(depths, (b1, b2), anchor, more, lambda p: p.backward)
     return replace(backward, slack=slack, forward=_phase_fit(depths, (b1, b2), anchor, more, lambda p: p.forward))
+
+
+def _fit_jobs(depths: tuple[int, ...], req: TraceRequest, batch_slope: bool) -> list[tuple[int, TraceRequest, bool]]:
+    """The traces `trace_activations` fits through, as `prefetch_traces` jobs."""
+    batches = (req.micro_batch, req.micro_batch + 1) if batch_slope else (req.micro_batch,)
+    return [(layers, replace(req, micro_batch=b), False) for b in batches for layers in depths]
 
 
 def _phase_fit(depths: tuple[int, ...], batches: tuple[int, int], anchor: list[TracePoint],
@@ -197,6 +205,9 @@ class SequenceFit:
 def trace_sequence_fit(config, config_hash: str, total_layers: int, req: TraceRequest,
                        seq_lens: tuple[int, int, int], trust_remote_code: bool = False) -> SequenceFit:
     """Fit act(s) = c0 + c1 s + c2 s^2 through three traced sequence lengths (each at two depths)."""
+    depths = tuple(dict.fromkeys(traced_layers(config, total_layers)))
+    prefetch_traces(config, config_hash, [job for s in seq_lens for job in _fit_jobs(depths, replace(req, seq_len=s),
+                                                                                     False)], trust_remote_code)
     values = [trace_activations(config, config_hash, total_layers, replace(req, seq_len=s), trust_remote_code,
                                 batch_slope=False).activations(total_layers, req.micro_batch) for s in seq_lens]
     (x0, x1, x2), (y0, y1, y2) = seq_lens, values
@@ -208,18 +219,49 @@ def trace_sequence_fit(config, config_hash: str, total_layers: int, req: TraceRe
     return SequenceFit(c0, c1, c2, tuple(seq_lens))
 
 
-def _cached_trace(config, config_hash, layers, req, trust) -> TracePoint:
+def _cached_trace(config, config_hash, layers, req, trust, profile: bool = False) -> TracePoint:
+    """One trace, from the memory or disk cache or run now; with `profile` one that recorded its ops."""
     key = _key(config_hash, layers, req)
-    if key in _memory_cache:
-        return _memory_cache[key]
-    stored = load_json("traces", key)
-    if stored is not None and {"activations", "slack", "profile", "forward", "backward"} <= set(stored):
-        result = TracePoint(**{k: stored[k] for k in ("activations", "slack", "profile", "forward", "backward")})
-    else:
-        result = run_trace(config, layers, req, trust)
-        store_json("traces", key, asdict(result))
-    _memory_cache[key] = result
+    result = _lookup(key, profile)
+    if result is None:
+        result = _remember(key, run_trace(config, layers, req, trust, profile=profile))
     return result
+
+
+def _lookup(key: str, profile: bool) -> TracePoint | None:
+    result = _memory_cache.get(key)
+    if result is None:
+        stored = load_json("traces", key)
+        if stored is not None and {"activations", "slack", "profile", "forward", "backward"} <= set(stored):
+            result = _memory_cache[key] = TracePoint(**{k: stored[k] for k in
+                                                        ("activations", "slack", "profile", "forward", "backward")})
+    return None if result is None or (profile and result.profile is None) else result
+
+
+def _remember(key: str, point: TracePoint) -> TracePoint:
+    store_json("traces", key, asdict(point))
+    _memory_cache[key] = point
+    return point
+
+
+def prefetch_traces(config, config_hash: str, jobs: list[tuple[int, TraceRequest, bool]], trust: bool = False) -> None:
+    """Run the traces among `jobs` ((layers, request, with its op profile) each) that no cache holds, side by side in
+    forked processes where cores are spare (planner/memory/forked.py), so that `_cached_trace` finds them. A job a
+    worker could not run is left for `_cached_trace` to run, and fail, as it would have."""
+    from planner.memory.forked import map_forked, worker_count
+
+    todo = list({_key(config_hash, layers, req): (layers, req, profile) for layers, req, profile in jobs
+                 if _lookup(_key(config_hash, layers, req), profile) is None}.items())
+    # deepest first: dealt out in turn, every process gets a like share of the blocks to trace
+    todo.sort(key=lambda item: -item[1][0])
+    workers = worker_count(len(todo))
+    if workers < 2:
+        return
+    found = map_forked(lambda job: asdict(run_trace(config, job[1][0], job[1][1], trust, profile=job[1][2])),
+                       todo, workers)
+    for (key, _), point in zip(todo, found):
+        if point is not None:
+            _remember(key, TracePoint(**point))
 
 
 def _prepare_config(config, layers, req):
@@ -338,9 +380,9 @@ def fake_step_model(config, layers: int, req: TraceRequest, trust: bool = False)
         yield model, make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
 
 
-def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> TracePoint:
+def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profile: bool = True) -> TracePoint:
     """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks, and the
-    allocator's slack over the step's own allocations."""
+    allocator's slack over the step's own allocations; with `profile` the step's ops too."""
     import torch
 
     from planner.memory.allocator import replay
@@ -349,7 +391,7 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
     from planner.memory.tracker import LiveStorageTracker
 
     tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
-    recorder = OpRecorder(req.micro_batch, req.seq_len)
+    recorder = OpRecorder(req.micro_batch, req.seq_len) if profile else None
     held: list = []  # a sum objective's outputs, kept through the backward (`forward_loss`)
     with fake_step_model(config, layers, req, trust) as (model, batch):
         with tracker:
@@ -359,14 +401,15 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False) -> Tr
                     p.grad = torch.zeros_like(p)
             base = tracker.reset_peak()
             tracker.record()
-            with _sdpa_kernel(req.attention), _autocast_rules(req), recorder:
+            with _sdpa_kernel(req.attention), _autocast_rules(req), recorder or contextlib.nullcontext():
                 loss = forward_loss(model, batch, req.autocast, objective=req.objective, hold=held)
                 forward = tracker.peak - base
                 tracker.restart_peak()
-                recorder.phase = "backward"
+                if recorder:
+                    recorder.phase = "backward"
                 loss.backward()
     backward = tracker.peak - base
     peak = max(forward, backward)
     replayed = replay(tracker.events)
     return TracePoint(activations=peak, slack=max(0, replayed.peak_reserved - peak),
-                      profile=recorder.profile.to_json(), forward=forward, backward=backward)
+                      profile=recorder.profile.to_json() if recorder else None, forward=forward, backward=backward)

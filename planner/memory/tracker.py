@@ -52,18 +52,27 @@ class LiveStorageTracker(TorchDispatchMode):
         """Record allocations and frees from now on (`events`)."""
         self.events = []
 
-    def track(self, tensor: torch.Tensor) -> None:
+    def _untracked(self, tensor: torch.Tensor):
+        """The tensor's storage if it is not counted yet, else None."""
         if is_traceable_wrapper_subclass(tensor):  # a DTensor's storage is its local shard, tracked on its own
-            return
+            return None
         storage = tensor.untyped_storage()
         key = storage._cdata
-        if key in self._live or key in self._pinned:
+        return None if key in self._live or key in self._pinned else storage
+
+    def _add(self, storage) -> None:
+        key, nbytes = storage._cdata, storage.nbytes()
+        if key in self._live:  # two outputs of one op on one storage
             return
-        nbytes = storage.nbytes()
         self._live[key] = (StorageWeakRef(storage), nbytes)
         self.current += nbytes
         if self.events is not None:
             self.events.append(("alloc", key, nbytes))
+
+    def track(self, tensor: torch.Tensor) -> None:
+        storage = self._untracked(tensor)
+        if storage is not None:
+            self._add(storage)
 
     def track_all(self, tensors) -> None:
         for t in tensors:
@@ -94,11 +103,17 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.sweep()
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.track(t)
+        fresh = [s for t in tree_flatten(out)[0]
+                 if isinstance(t, torch.Tensor) and (s := self._untracked(t)) is not None]
         copies = cublas_operand_copies(func, args) if self.cuda_matmuls else 0
+        # Frees only lower the count, so the storages that died since the last op are swept when this op allocates
+        # (views and in-place ops allocate nothing): the peak is the same, and the allocator replay sees the same
+        # frees before the same allocation.
+        if not fresh and not copies:
+            return out
+        self.sweep()
+        for storage in fresh:
+            self._add(storage)
         if copies and self.events is not None:  # allocated with the kernel's output, freed when it returns
             self.events += [("alloc", -len(self.events) - 1, copies), ("free", -len(self.events) - 1, 0)]
         self.peak = max(self.peak, self.current + copies)

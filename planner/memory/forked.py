@@ -1,0 +1,98 @@
+"""Independent traces side by side, in forked worker processes.
+
+A trace is single-threaded Python (FakeTensorMode's dispatch), so a planner that needs several at once can use a
+machine's other cores by forking: each child inherits the imported modules and the model's config as they are in
+memory (nothing is pickled or imported again) and sends its results back as JSON bytes over a pipe.
+
+Forking is used only where it is safe and pays: on Linux (macOS's system libraries are not fork-safe, which is why
+Python starts processes there by spawning, and a spawned child would import torch again, for seconds), from a
+process with no other Python thread running (a thread holding a lock at the fork would leave it held in the child),
+and with at least two usable cores. `TRAINPLAN_TRACE_WORKERS` caps the number of processes; 1 runs everything in
+the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Callable
+
+#: The environment variable that caps the worker processes (1: no forking).
+WORKERS_ENV = "TRAINPLAN_TRACE_WORKERS"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def other_threads() -> bool:
+    """Whether a Python thread besides this one runs (a progress display, the caller's own)."""
+    return threading.active_count() > 1
+
+
+def worker_count(jobs: int) -> int:
+    """Processes to spread `jobs` over (the caller counts as one): 1 where forking is unsafe or does not pay."""
+    if jobs < 2 or not sys.platform.startswith("linux") or other_threads():
+        return 1
+    cap = usable_cores()
+    try:
+        cap = min(cap, int(os.environ.get(WORKERS_ENV) or cap))
+    except ValueError:
+        pass
+    return max(1, min(jobs, cap))
+
+
+def map_forked(func: Callable, items: list, workers: int) -> list:
+    """`func(item)` for every item, as JSON-serialisable results in the items' order: the first share runs in this
+    process (an exception there propagates, the children stopped), the others in `workers - 1` forked children. A
+    child's item whose result could not be had (its call raised, or the child died) comes back as None, for the
+    caller to redo where its error shows as it would have."""
+    import multiprocessing
+
+    shares = [list(range(start, len(items), workers)) for start in range(workers)]
+    context = multiprocessing.get_context("fork")
+    children = []
+    results: list = [None] * len(items)
+    answered = False
+    try:
+        for share in shares[1:]:
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_child, args=(send, func, [items[i] for i in share]), daemon=True)
+            child.start()
+            send.close()
+            children.append((child, receive, share))
+        for i in shares[0]:
+            results[i] = func(items[i])
+        for child, receive, share in children:
+            try:
+                found = json.loads(receive.recv_bytes())
+            except (EOFError, OSError, ValueError):  # the child died before it answered
+                found = [None] * len(share)
+            for i, value in zip(share, found):
+                results[i] = value
+        answered = True
+    finally:
+        for child, receive, _ in children:
+            receive.close()
+            if not answered:  # this process's share raised (or was interrupted): the children's work is moot
+                child.terminate()
+            child.join()
+    return results
+
+
+def _child(send, func: Callable, items: list) -> None:
+    results = []
+    for item in items:
+        try:
+            results.append(func(item))
+        except Exception:  # noqa: BLE001 - the caller redoes it, where the error is raised as it would be serially
+            results.append(None)
+    try:
+        send.send_bytes(json.dumps(results).encode())
+    finally:
+        send.close()

@@ -1,0 +1,94 @@
+"""Traces side by side in forked processes: same results as one by one, failures left to the caller."""
+
+import multiprocessing
+import os
+import sys
+import threading
+from dataclasses import replace
+
+import pytest
+
+from planner.memory import forked
+from planner.memory import trace as trace_mod
+from planner.memory.trace import TraceRequest, prefetch_traces, run_trace
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="traces are forked on Linux only")
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(forked, "usable_cores", lambda: 2)
+    monkeypatch.setattr(forked, "other_threads", lambda: False)  # other tests may leave threads behind
+    monkeypatch.delenv(forked.WORKERS_ENV, raising=False)
+
+
+@linux
+def test_results_come_back_in_order_from_every_process(two_cores):
+    parent = os.getpid()
+    found = forked.map_forked(lambda x: [x * x, os.getpid() == parent], list(range(7)), 3)
+    assert [value for value, _ in found] == [x * x for x in range(7)]
+    assert {in_parent for _, in_parent in found} == {True, False}
+
+
+@linux
+def test_a_failing_child_item_comes_back_empty_and_the_rest_arrive():
+    parent = os.getpid()
+
+    def work(x):
+        if x == 3 and os.getpid() != parent:
+            raise RuntimeError("boom")
+        return x
+
+    assert forked.map_forked(work, [0, 1, 2, 3], 2) == [0, 1, 2, None]
+
+
+@linux
+def test_a_failure_in_this_process_propagates_and_stops_the_children():
+    def work(x):
+        if x == 0:
+            raise ValueError("first share fails")
+        return x
+
+    with pytest.raises(ValueError, match="first share"):
+        forked.map_forked(work, [0, 1, 2, 3], 2)
+    assert multiprocessing.active_children() == []
+
+
+def test_no_forking_where_it_does_not_pay_or_is_not_safe(two_cores, monkeypatch):
+    assert forked.worker_count(1) == 1
+    if sys.platform.startswith("linux"):
+        assert forked.worker_count(5) == 2
+    monkeypatch.setenv(forked.WORKERS_ENV, "1")
+    assert forked.worker_count(5) == 1
+    monkeypatch.delenv(forked.WORKERS_ENV)
+    monkeypatch.undo()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert forked.other_threads()
+        assert forked.worker_count(5) == 1  # another thread could hold a lock across the fork
+    finally:
+        stop.set()
+        other.join()
+
+
+@linux
+def test_prefetched_traces_equal_traces_run_one_by_one(two_cores, tmp_path, monkeypatch):
+    import transformers
+
+    monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path))
+    monkeypatch.setattr(trace_mod, "_memory_cache", {})
+    config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
+    req = TraceRequest(micro_batch=2, seq_len=32, activations="fp32", checkpointing="none", attention="math",
+                       attention_dropout=False)
+    jobs = [(3, req, False), (4, req, True), (3, replace(req, micro_batch=3), False)]
+    prefetch_traces(config, "tiny-forked", jobs)
+    assert len(trace_mod._memory_cache) == 3
+    expected = [run_trace(config, layers, r, profile=profile) for layers, r, profile in jobs]  # one by one
+    calls = []
+    monkeypatch.setattr(trace_mod, "run_trace", lambda *a, **k: calls.append(a))
+    assert [trace_mod._cached_trace(config, "tiny-forked", layers, r, False, profile=profile)
+            for layers, r, profile in jobs] == expected
+    assert calls == []
