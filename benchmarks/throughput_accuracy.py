@@ -19,6 +19,9 @@ Leave-one-source-out cross-validation refits it: the ml-engineering fold has no 
 from, so its compiled rows are predicted without it (1.0); every other fold's prediction is the full-data one. All
 errors below are therefore out-of-sample. The script says so in its output.
 
+A row that names its system's inter-node network (`nic_per_gpu_Gbps`, with its source) is planned on it, as
+`plan --nic-gbps` would be; the others on the catalog's usual system for the GPU.
+
 Rows of Liger-Kernel patched model code (fused kernels trainplan never emits) are predicted as the HF code they
 replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans.
 
@@ -89,6 +92,8 @@ class Case:
     predicted: float = 0.0
     #: why the published program is not one trainplan plans (reported apart), or ""
     other_program: str = ""
+    #: the published system's inter-node bandwidth per GPU (Gb/s), where the row names it; None: the catalog's
+    nic_Gbps: float | None = None
 
     @property
     def log_ratio(self) -> float:
@@ -261,7 +266,8 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
     attention = "eager" if str(row.get("attention", "")).lower().startswith("eager") else "sdpa"
     other = OTHER_PROGRAM if "Liger-Kernel" in row.get("notes", "") else ""
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
-                max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other)
+                max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other,
+                nic_Gbps=row.get("nic_per_gpu_Gbps"))
 
 
 # ------------------------------------------------------------------------------------------------ predicting
@@ -285,9 +291,9 @@ def predict(case: Case, speed_models: dict) -> float:
 
 
 def _predict(case: Case, speed_models: dict) -> float:
-    key = (id(case.model), case.seq_len, case.gpu, case.per_node, case.attention, case.objective)
+    key = (id(case.model), case.seq_len, case.gpu, case.per_node, case.attention, case.objective, case.nic_Gbps)
     if key not in speed_models:
-        gpu = lookup_gpu(case.gpu)
+        gpu = lookup_gpu(case.gpu).model_copy(update={"nic_Gbps": case.nic_Gbps})
         evaluation = Evaluation(case.model, seq_len=case.seq_len, optimizer="adamw", attention=case.attention,
                                 gpus_per_node=case.per_node, gpu=gpu, objective=case.objective)
         speed_models[key] = SpeedModel(evaluation, gpu, case.per_node)

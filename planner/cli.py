@@ -48,6 +48,9 @@ Offload = Annotated[Optional[str], Opt("--offload", help="Pin the CPU offload: "
 Headroom = Annotated[Optional[float], Opt("--headroom", help="Fraction of GPU memory kept free (default 0.05).")]
 HostMemory = Annotated[Optional[float], Opt("--host-memory", help="Host RAM per node in GB, for CPU offload (default: "
                                             "this machine's when planning for its GPU, else an assumed 2 TiB node).")]
+NicGbps = Annotated[Optional[float], Opt("--nic-gbps", help="Inter-node bandwidth per GPU in Gb/s, for plans over "
+                                       "several nodes (default: the GPU's usual system, e.g. 200 for DGX A100; AWS "
+                                       "p4d's EFA: 50).")]
 Lr = Annotated[Optional[float], Opt("--lr", help="Base learning rate, tuned at --lr-batch.")]
 LrBatch = Annotated[Optional[int], Opt("--lr-batch", help="Batch the base LR was tuned at (default: micro-batch x "
                                                           "GPUs).")]
@@ -117,6 +120,7 @@ class Flags:
     offload: str | None = None
     headroom: float | None = None
     host_memory: float | None = None
+    nic_gbps: float | None = None
     lr: float | None = None
     lr_batch: int | None = None
     lr_scaling: str = AUTO
@@ -160,8 +164,8 @@ def main_command(
     precision: Precision = _D.precision, micro_batch: MicroBatch = None, checkpointing: Checkpointing = None,
     zero_stage: ZeroStage = None, attention: Attention = _D.attention, engine: Engine = _D.engine,
     no_offload: NoOffload = False, offload: Offload = None, headroom: Headroom = None,
-    host_memory: HostMemory = None, lr: Lr = None, lr_batch: LrBatch = None, lr_scaling: LrScaling = _D.lr_scaling,
-    memory_method: MemoryMethod = _D.memory_method,
+    host_memory: HostMemory = None, nic_gbps: NicGbps = None, lr: Lr = None, lr_batch: LrBatch = None,
+    lr_scaling: LrScaling = _D.lr_scaling, memory_method: MemoryMethod = _D.memory_method,
     trust_remote_code: TrustRemoteCode = False, task: Task = AUTO, num_labels: NumLabels = None,
     peft: Peft = NO_ADAPTER, lora_rank: LoraRank = None, lora_alpha: LoraAlpha = None, lora_targets: LoraTargets = None,
     lora_dropout: LoraDropout = None, no_double_quant: NoDoubleQuant = False, as_json: AsJson = False,
@@ -275,7 +279,7 @@ def _request(flags: Flags):
         gpus_per_node=flags.gpus_per_node, nodes=flags.nodes, optimizer=flags.optimizer, precision=flags.precision,
         micro_batch=flags.micro_batch, checkpointing=flags.checkpointing, zero_stage=flags.zero_stage,
         attention=flags.attention, offload=_offload(flags), headroom=flags.headroom, lr=flags.lr,
-        host_memory_gb=flags.host_memory, lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling,
+        host_memory_gb=flags.host_memory, nic_gbps=flags.nic_gbps, lr_batch=flags.lr_batch, lr_scaling=flags.lr_scaling,
         memory_method=flags.memory_method,
         engine=flags.engine, trust_remote_code=flags.trust_remote_code, task=flags.task, num_labels=flags.num_labels,
         peft=flags.peft, lora_rank=flags.lora_rank, lora_alpha=flags.lora_alpha, lora_targets=flags.lora_targets,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from planner import hardware as hw
 from planner.config import Config
 from planner.errors import InputError, NoFitError
+from planner.hardware.efficiency_data import efficiency_of
 from planner.lr import scale_lr
 from planner.memory.estimate import Evaluation
 from planner.request import LIMITS
@@ -40,18 +41,21 @@ def plan(
     progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
     host_memory: int | None = None, task: str | None = None, num_labels: int | None = None, adapter=None,
     train_tokens: float | None = None, train_steps: int | None = None, compile: str = AUTO,
+    nic_gbps: float | None = None,
 ) -> Plan:
     """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError.
     `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model;
     `train_tokens` or `train_steps`, the run's length, sizes the LR warmup and spreads torch.compile's compile time;
-    `compile` (`vocab.COMPILE`) plans the step eager, compiled, or both."""
+    `compile` (`vocab.COMPILE`) plans the step eager, compiled, or both; `nic_gbps` the inter-node bandwidth per GPU of
+    the user's system (default: the GPU's usual system's, efficiency.json)."""
     from planner.models import resolve_model
 
-    _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory)
+    _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory, nic_gbps)
     _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine, compile)
     offloads = _offloads(offload)
-    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory)  # cheap: fail fast on a bad --gpu
-    gpu_entry = hw.lookup_gpu(hardware.gpu)
+    # cheap, so a bad --gpu fails fast
+    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory, nic_gbps)
+    gpu_entry = hw.lookup_gpu(hardware.gpu).model_copy(update={"nic_Gbps": nic_gbps})
     resolved = resolve_model(model, trust_remote_code=trust_remote_code, task=task, num_labels=num_labels,
                              adapter=adapter)
     world = hardware.gpus_per_node * hardware.nodes
@@ -181,7 +185,7 @@ QLORA_NOT_PROBED = ("QLoRA plans are not probed: the probe's model has random we
 
 
 def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch,
-                   host_memory=None):
+                   host_memory=None, nic_gbps=None):
     for value, flag, limit in ((global_batch, "--batch", LIMITS.batch), (nodes, "--nodes", LIMITS.nodes),
                                (gpus_per_node, "--gpus-per-node", LIMITS.gpus_per_node),
                                (seq_len, "--seq-len", LIMITS.seq_len), (micro_batch, "--micro-batch", LIMITS.batch),
@@ -196,6 +200,11 @@ def _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, hea
                          flag="--nodes")
     if host_memory is not None and not host_memory > 0:
         raise InputError(f"must be a positive number of bytes, got {host_memory}", flag="--host-memory")
+    if nic_gbps is not None and (isinstance(nic_gbps, bool) or not isinstance(nic_gbps, (int, float))
+                                 or not 0 < nic_gbps <= LIMITS.nic_gbps):
+        raise InputError(f"must be a bandwidth in Gb/s from above 0 to {LIMITS.nic_gbps:,}, got {nic_gbps!r}",
+                         flag="--nic-gbps", hint="Give the inter-node bandwidth per GPU, e.g. 200 for one HDR "
+                                                 "InfiniBand NIC per GPU, 50 for AWS p4d's EFA.")
     if headroom is not None and not (0.0 <= headroom < 0.9):
         raise InputError(f"must be a fraction in [0, 0.9), got {headroom}", flag="--headroom")
 
@@ -276,7 +285,7 @@ def _host_note(hardware: Hardware, choice) -> tuple[str, ...]:
             f"yours.",)
 
 
-def _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory=None) -> Hardware:
+def _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory=None, nic_gbps=None) -> Hardware:
     detected = hw.detect_gpus() if detect else None
     frac = DEFAULT_HEADROOM if headroom is None else headroom
     note = ""
@@ -298,9 +307,11 @@ def _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory=None) -> 
         host, source = _local_host_memory(), "this machine"
     else:
         host, source = DEFAULT_HOST_MEMORY_BYTES, "assumed"
+    network = efficiency_of(entry.model_copy(update={"nic_Gbps": nic_gbps}))
     return Hardware(gpu=entry.name, gpu_memory_bytes=entry.memory_bytes, gpus_per_node=count, nodes=nodes,
                     detected=is_local, budget_bytes=budget, headroom=frac, host_memory_bytes=host,
-                    host_memory_source=source, note=note)
+                    host_memory_source=source, network_Gbps=network.nic_GBps * 8, network_source=network.network,
+                    note=note)
 
 
 def _local_host_memory() -> int:

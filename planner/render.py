@@ -72,7 +72,8 @@ def summary(plan) -> Panel:
         *_trained(m),
         f"[bold]{h.nodes} x {h.gpus_per_node} x {h.gpu}[/] ({gib(h.gpu_memory_bytes)} each"
         f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom; "
-        f"host RAM {gib(h.host_memory_bytes)} per node, {h.host_memory_source})",
+        f"host RAM {gib(h.host_memory_bytes)} per node, {h.host_memory_source}"
+        + (f"; network {h.network_Gbps:g} Gb/s per GPU, {h.network_source}" if h.nodes > 1 else "") + ")",
         "",
         f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
         f"{cfg.global_batch}[/]",

@@ -27,6 +27,7 @@ class Limits:
     seq_len: int = 2**21            # 2M tokens
     lr_batch: int = 2**24
     host_memory_gb: float = 2**20   # 1 PB of RAM per node
+    nic_gbps: float = 10_000.0      # per GPU; today's fastest NICs run 800 Gb/s
 
 
 LIMITS = Limits()
@@ -57,6 +58,8 @@ class PlanRequest(BaseModel):
     headroom: float | None = Field(default=None, ge=0.0, lt=0.9)
     host_memory_gb: float | None = Field(default=None, gt=0, le=LIMITS.host_memory_gb, allow_inf_nan=False,
                                          description="host RAM per node in GB, for CPU offload")
+    nic_gbps: float | None = Field(default=None, gt=0, le=LIMITS.nic_gbps, allow_inf_nan=False,
+                                   description="inter-node bandwidth per GPU in Gb/s")
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     lr_batch: int | None = Field(default=None, gt=0, le=LIMITS.lr_batch)
     lr_scaling: LRScaling = AUTO

@@ -132,11 +132,11 @@ class SpeedModel:
     afterwards (planner/refine.py, `speed_calibration_from`)."""
 
     def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None):
-        from planner.hardware.efficiency_data import efficiency
+        from planner.hardware.efficiency_data import efficiency_of
 
         self.evaluation, self.gpu, self.gpus_per_node = evaluation, gpu, gpus_per_node
         self.train_steps = train_steps
-        self.eff = efficiency(gpu.name)
+        self.eff = efficiency_of(gpu)
         self._profiles: dict[str, tuple] = {}
 
     def profile(self, cfg: Config) -> tuple:

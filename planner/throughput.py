@@ -241,6 +241,9 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
     """Collectives per optimizer step that the backward (or, for ZeRO-3 gathers, the micro-step) does not hide:
     all of a collective beyond the compute it overlaps, and the last bucket, which has nothing left to overlap."""
     world, n = cfg.data_parallel, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
+    # A data-parallel group has per_node / tp ranks on each node (tensor parallelism stays inside a node), so it
+    # crosses nodes whenever the job does, however few ranks it has.
+    per_node = max(1, per_node // cfg.tensor_parallel)
     grads = spec.trainable_parameters * cfg.grad_bytes() / cfg.tensor_parallel
     if world <= 1:
         return 0.0

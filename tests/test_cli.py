@@ -76,6 +76,8 @@ BAD = [
     (["--model", "gpt2", "--batch", "8", "--headroom", "2"], "--headroom"),
     (["--model", "gpt2", "--batch", "8", "--host-memory", "-3"], "--host-memory"),
     (["--model", "gpt2", "--batch", "8", "--host-memory", "nan"], "--host-memory"),
+    (["--model", "gpt2", "--batch", "8", "--nic-gbps", "0"], "--nic-gbps"),
+    (["--model", "gpt2", "--batch", "8", "--nic-gbps", "inf"], "--nic-gbps"),
     (["--model", "gpt2", "--batch", "8", "--zero-stage", "5"], "--zero-stage"),
     (["--batch", "8"], "--model"),
     (["--model", "gpt2"], "--batch"),

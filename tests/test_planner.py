@@ -297,3 +297,15 @@ def test_run_length_is_given_once_and_converted_from_tokens():
     with pytest.raises(InputError) as err:
         plan("gpt2", 64, gpu="A100-80GB", train_tokens=1e9, train_steps=10)
     assert err.value.flag == "--train-steps"
+
+
+def test_a_slower_network_slows_a_multi_node_plan_and_the_plan_says_which_network():
+    kwargs = dict(gpu="A100-80GB", gpus_per_node=8, nodes=2, memory_method="analytic", detect=False)
+    dgx = plan("meta-llama/Llama-3.2-1B", 256, **kwargs)
+    efa = plan("meta-llama/Llama-3.2-1B", 256, nic_gbps=50, **kwargs)
+    assert dgx.hardware.network_Gbps == 200 and "DGX A100" in dgx.hardware.network_source
+    assert efa.hardware.network_Gbps == 50 and efa.hardware.network_source == "given"
+    assert efa.choice.throughput.tokens_per_s < dgx.choice.throughput.tokens_per_s
+    for bad in (0, -5, float("nan"), 1e9, True):
+        with pytest.raises(InputError, match="--nic-gbps|bandwidth"):
+            plan("gpt2", 8, gpu="A100-80GB", nic_gbps=bad)

@@ -142,3 +142,29 @@ def test_probes_calibrate_the_speed_of_unprobed_candidates():
     assert other.throughput.tokens_per_s == pytest.approx(1000.0 / 4.5 * 4.5 / 6.25)
     failed = Measurement(status="error", reason="boom")
     assert speed_calibration_from({probed.config: (probed, failed)}) is None
+
+
+def test_data_parallel_groups_of_a_tensor_parallel_job_cross_nodes_at_the_nic_rate():
+    """TP 2 x DP 8 on 2 nodes of 8: each DP group has 4 ranks per node, so its collectives cross the nodes' NICs
+    although it has no more ranks than a node has GPUs."""
+    spec = resolve_model("meta-llama/Llama-3.1-8B").spec
+    gpu = lookup_gpu("A100-80GB")
+    cfg = Config(micro_batch=1, grad_accum=1, world_size=16, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=3, offload="none", engine="fsdp", tensor_parallel=2)
+    one_node = cfg.model_copy(update={"world_size": 8, "tensor_parallel": 1})
+
+    def comm(c, per_node, nic):
+        eff = efficiency(gpu.name).model_copy(update={"nic_GBps": nic / 8})
+        return T.communication_seconds(spec, c, per_node, 0.0, 0.0, gpu, eff)
+
+    assert comm(cfg, 8, 50) > 3 * comm(cfg, 8, 400)  # the NIC, not NVLink, bounds it
+    assert comm(one_node, 8, 50) == comm(one_node, 8, 400)  # inside a node the NIC plays no part
+
+
+def test_the_users_network_sets_the_inter_node_bandwidth():
+    from planner.hardware.efficiency_data import efficiency_of
+
+    gpu = lookup_gpu("A100-80GB")
+    assert efficiency_of(gpu).nic_GBps == 200 / 8 and "DGX A100" in efficiency_of(gpu).network
+    given = efficiency_of(gpu.model_copy(update={"nic_Gbps": 50.0}))
+    assert given.nic_GBps == 50 / 8 and given.network == "given"

@@ -47,6 +47,9 @@ class GPU(BaseModel):
     host_link: str = "PCIe4"
     host_bandwidth_GBps: float = 32.0
     tdp_watts: float | None = None
+    #: Inter-node bandwidth per GPU (Gb/s per direction) of the user's system, where they gave it (`--nic-gbps`);
+    #: None: efficiency.json's figure for the GPU's usual system (planner/hardware/efficiency_data.py)
+    nic_Gbps: float | None = None
     source: str
     sources: tuple[str, ...] = ()
     notes: str = ""

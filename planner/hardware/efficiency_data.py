@@ -17,6 +17,7 @@ from planner.vocab import COMPUTE_DTYPES
 #: Inter-node bandwidth per GPU where efficiency.json has none for a GPU: one 200 Gb/s HDR InfiniBand NIC per GPU, as
 #: in DGX A100 (efficiency.json's A100 network entry cites it).
 DEFAULT_NIC_Gbps = 200.0
+DEFAULT_NETWORK = "no sourced system for this GPU: one 200 Gb/s NIC per GPU assumed"
 
 
 class Efficiency(BaseModel):
@@ -36,6 +37,7 @@ class Efficiency(BaseModel):
     checkpoint_block_us: float        # CPU-side cost of one checkpointed block beyond its recomputed ops
     attention: float                  # fused attention kernels' fraction of the tensor peak (fwd + bwd)
     nic_GBps: float                   # inter-node bandwidth per GPU, GB/s per direction
+    network: str                      # the system that bandwidth is of ("given" where the user gave it)
     collective: float                 # NCCL bus bandwidth / link bandwidth within a node
     inter_node_collective: float      # the same across nodes, per GPU's NIC
     pcie: float                       # achieved / peak host-link bandwidth for pinned copies
@@ -66,6 +68,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         return found if found is not None else _value(defaults["launch_overhead_us"], key)
 
     nic = _value(data.get("network"), "nic_per_gpu_Gbps")
+    system = ((data.get("network") or {}).get("nic_per_gpu_Gbps") or {}).get("system") if nic else None
     tiles = tuple(tuple(int(x) for x in t.split("x")) for t in defaults["gemm_tiles"]["value"])
     return Efficiency(
         gpu=name, sm_count=int(_value(data, "sm_count")), matmul=matmul,
@@ -78,7 +81,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         checkpoint_block_us=overhead("checkpoint_block_us"),
         attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
                          "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
-        nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8,
+        nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,
         collective=pick("network", "nccl_intra_allreduce_busbw_fraction", "nccl_intra_over_pcie_fraction"),
         inter_node_collective=pick("network", "nccl_inter_node_per_gpu_fraction"),
         pcie=pick("network", "pcie_host_fraction"), tiles=tiles)
@@ -93,3 +96,12 @@ def _table() -> dict[str, Efficiency]:
 def efficiency(gpu_name: str) -> Efficiency:
     """The efficiency figures of a catalog GPU (KeyError for a name efficiency.json lacks)."""
     return _table()[gpu_name]
+
+
+def efficiency_of(gpu) -> Efficiency:
+    """The efficiency figures of a GPU as the user's system has it: its inter-node bandwidth where they gave it
+    (`GPU.nic_Gbps`), else efficiency.json's for the GPU's usual system."""
+    found = efficiency(gpu.name)
+    if gpu.nic_Gbps is None:
+        return found
+    return found.model_copy(update={"nic_GBps": gpu.nic_Gbps / 8, "network": "given"})
