@@ -38,23 +38,20 @@ def plan(
     offload: bool | str = True, headroom: float | None = None, lr: float | None = None, lr_batch: int | None = None,
     lr_scaling: str = AUTO, memory_method: str = AUTO_METHOD, measure: Callable | None = None,
     trust_remote_code: bool = False, detect: bool = True, probe_budget_s: float | None = None,
-    progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE,
-    host_memory: int | None = None, task: str | None = None, num_labels: int | None = None, adapter=None,
+    progress: Callable | None = None, engine: str = DEFAULT_SHARDING_ENGINE, host_memory: int | None = None,
+    nic_gbps: float | None = None, task: str | None = None, num_labels: int | None = None, adapter=None,
     train_tokens: float | None = None, train_steps: int | None = None, compile: str = AUTO,
-    nic_gbps: float | None = None,
 ) -> Plan:
     """The fastest configuration that fits (see the README's library section). Raises InputError or NoFitError.
     `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model;
     `train_tokens` or `train_steps`, the run's length, sizes the LR warmup and spreads torch.compile's compile time;
-    `compile` (`vocab.COMPILE`) plans the step eager, compiled, or both; `nic_gbps` the inter-node bandwidth per GPU of
-    the user's system (default: the GPU's usual system's, efficiency.json)."""
+    `compile` (`vocab.COMPILE`) plans the step eager, compiled, or both; `nic_gbps`: your inter-node Gb/s per GPU."""
     from planner.models import resolve_model
 
     _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory, nic_gbps)
     _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine, compile)
     offloads = _offloads(offload)
-    # cheap, so a bad --gpu fails fast
-    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory, nic_gbps)
+    hardware = _hardware(gpu, gpus_per_node, nodes, headroom, detect, host_memory, nic_gbps)  # a bad --gpu fails here
     gpu_entry = hw.lookup_gpu(hardware.gpu).model_copy(update={"nic_Gbps": nic_gbps})
     resolved = resolve_model(model, trust_remote_code=trust_remote_code, task=task, num_labels=num_labels,
                              adapter=adapter)
