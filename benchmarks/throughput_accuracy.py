@@ -5,8 +5,8 @@ Two sets of published rows, both in benchmarks/data with each row's source:
 - hf_throughput.json: Hugging Face model code (transformers docs, HF blog posts, stas00's ml-engineering runs, ...),
   the code our users run. The model is the bundled preset of the row's hub id, with the row's head.
 - throughput_calibration.json: optimised stacks (llm-foundry, torchtitan, IBM FSDP, ...). Their fused kernels run
-  faster than HF code, so the model should sit below them; the row's shapes are rebuilt as a transformers config
-  (MPT as GPT-2 blocks of the same shapes, OLMo as Llama). llm-foundry's micro-batch / checkpointing sweeps also
+  faster than HF code, so a model of HF code would sit below them; the row's shapes are rebuilt as a transformers config
+  (MPT as GPT-2 blocks of the same shapes with MPT's defaults, no dropout and the exact GELU; OLMo as Llama). llm-foundry's micro-batch / checkpointing sweeps also
   give a ranking check: Kendall's tau of predicted vs measured order inside each sweep.
 
 No constant of the speed model is fitted to any of these rows: the efficiencies are per-GPU microbenchmark figures
@@ -23,7 +23,9 @@ A row that names its system's inter-node network (`nic_per_gpu_Gbps`, with its s
 `plan --nic-gbps` would be; the others on the catalog's usual system for the GPU.
 
 Rows of Liger-Kernel patched model code (fused kernels trainplan never emits) are predicted as the HF code they
-replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans.
+replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans; so is a row
+whose value is a whole run's wall time divided by its steps (evaluation and checkpoint saves included), which bounds
+the step time from above but does not measure it.
 
 Run from the repository root (traces are cached under the trainplan cache; a cold run takes a few minutes):
     HF_HUB_OFFLINE=1 python benchmarks/throughput_accuracy.py [--set hf|optimised|all] [--worst N]
@@ -67,6 +69,7 @@ GROUPS = (("llmf-a100", "llm-foundry A100"), ("llmf-h100", "llm-foundry H100"), 
 #: Rows whose model code is patched with fused kernels trainplan never emits (Liger-Kernel's RMSNorm, RoPE, SwiGLU and
 #: fused linear cross-entropy): predicted as the HF code they replace, and reported apart from the programs planned.
 OTHER_PROGRAM = "Liger-Kernel patched model code (not a program trainplan plans)"
+WALL_TIME = "a run's wall time over its steps (evaluation and checkpoint saves included; not a step time)"
 
 
 class Skip(Exception):
@@ -229,8 +232,14 @@ def optimised_model(row: dict):
         raise Skip("model dims not published")
     lower = text.lower()
     if "mpt" in lower or "gpt3" in lower or "gpt-3" in lower:
+        # MPT's own defaults where they differ from GPT-2's: no dropout (mosaicml/llm-foundry
+        # llmfoundry/models/mpt/configuration_mpt.py: resid_pdrop = emb_pdrop = 0.0, attn_config_defaults
+        # attn_pdrop 0.0) and the exact GELU (llmfoundry/models/layers/ffn.py `_FFN_ACT_FN_DEFAULT`:
+        # gelu, approximate 'none'), one kernel where GPT-2's tanh form is seven
+        mpt = {"activation_function": "gelu", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0} \
+            if "mpt" in lower else {}
         config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_inner=ffn, vocab_size=vocab,
-                            n_positions=seq, tie_word_embeddings=True, architectures=["GPT2LMHeadModel"])
+                            n_positions=seq, tie_word_embeddings=True, architectures=["GPT2LMHeadModel"], **mpt)
     elif "llama" in lower or "olmo" in lower:
         kv = _int(text, r"/\s*(\d+)\s*KV") or heads
         config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -264,7 +273,8 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
         models[key] = hf_model(row) if kind == "hf" else optimised_model(row)
     group = next((g for prefix, g in GROUPS if row["id"].startswith(prefix)), "other")
     attention = "eager" if str(row.get("attention", "")).lower().startswith("eager") else "sdpa"
-    other = OTHER_PROGRAM if "Liger-Kernel" in row.get("notes", "") else ""
+    other = OTHER_PROGRAM if "Liger-Kernel" in row.get("notes", "") else \
+        WALL_TIME if row.get("notes", "").startswith("DERIVED from wall time") else ""
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
                 max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other,
                 nic_Gbps=row.get("nic_per_gpu_Gbps"))
@@ -415,7 +425,7 @@ def main() -> None:
     for kind in kinds:
         cases, skipped = load(kind, progress)
         title = "HF model code (hf_throughput.json)" if kind == "hf" else \
-            "Optimised stacks (throughput_calibration.json; HF code is expected to run slower)"
+            "Optimised stacks (throughput_calibration.json; their own model code, not HF's)"
         lines += report(title, cases, skipped, args.worst)
         record[kind] = [{"id": c.id, "group": c.group, "metric": c.metric, "published": c.value,
                          "predicted": c.predicted, "error": signed_error(c), "config": c.cfg.label(),

@@ -222,18 +222,23 @@ def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, ef
     return trainable * per_param / bandwidth(gpu, eff)
 
 
-def _link(gpu: GPU, eff: Efficiency, world: int, per_node: int) -> float:
-    """Bytes/s a ring collective moves per rank: NVLink within a node, each GPU's NIC across nodes."""
-    if world <= per_node:
-        return gpu.intra_node_bandwidth_GBps * 1e9 * eff.collective
-    return min(gpu.intra_node_bandwidth_GBps * eff.collective, eff.nic_GBps * eff.inter_node_collective) * 1e9
-
-
 def ring_seconds(nbytes: float, world: int, per_node: int, gpu: GPU, eff: Efficiency) -> float:
-    """All-gather or reduce-scatter of `nbytes` (the full size) over `world` ranks: (W-1)/W of it per rank."""
+    """All-gather or reduce-scatter of `nbytes` (the full size) over `world` ranks, `per_node` of them on each node.
+
+    Every rank passes (W-1)/W of it over its node's NVLink. Across k nodes, each node must take in the (k-1)/k of it
+    that the others hold, through the NICs of its `per_node` ranks (one per GPU), each at the fraction of its rate
+    NCCL reaches; the collective takes the longer of the two. This is how efficiency.json's per-GPU inter-node figure
+    was derived from NCCL's measured bus bandwidth (per-GPU rate = busbw x (k-1)/(n-1), stas00/ml-engineering
+    network/README.md), so it reproduces that measurement: charging each rank's NIC with the whole (W-1)/W, as if
+    every ring hop crossed nodes, made a 2-node job's collectives about the node's GPU count times too slow."""
     if world <= 1:
         return 0.0
-    return (world - 1) / world * nbytes / _link(gpu, eff, world, per_node)
+    intra = (world - 1) / world * nbytes / (gpu.intra_node_bandwidth_GBps * 1e9 * eff.collective)
+    nodes = -(-world // max(1, per_node))
+    if nodes <= 1:
+        return intra
+    inter = (nodes - 1) / nodes * nbytes / (per_node * eff.nic_GBps * eff.inter_node_collective * 1e9)
+    return max(intra, inter)
 
 
 def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_s: float, micro_s: float, gpu: GPU,

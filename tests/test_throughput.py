@@ -168,3 +168,15 @@ def test_the_users_network_sets_the_inter_node_bandwidth():
     assert efficiency_of(gpu).nic_GBps == 200 / 8 and "DGX A100" in efficiency_of(gpu).network
     given = efficiency_of(gpu.model_copy(update={"nic_Gbps": 50.0}))
     assert given.nic_GBps == 50 / 8 and given.network == "given"
+
+
+def test_a_collective_across_nodes_reproduces_the_measured_nccl_bus_bandwidth():
+    """4 nodes of 8 H200 on EFA: NCCL's all-reduce bus bandwidth 364.65 GBps (efficiency.json's source for the
+    per-GPU inter-node fraction); time = 2 (n-1)/n x size / busbw."""
+    gpu, size = lookup_gpu("H200-141GB"), 4 * 2**30
+    eff = efficiency(gpu.name)
+    measured = 2 * 31 / 32 * size / 364.65e9
+    assert 2 * T.ring_seconds(size, 32, 8, gpu, eff) == pytest.approx(measured, rel=0.01)
+    # across nodes only the other nodes' share enters a node, through all of its NICs: far less than the whole
+    # (W-1)/W through each GPU's one NIC
+    assert T.ring_seconds(size, 32, 8, gpu, eff) < 0.2 * (31 / 32 * size / (eff.nic_GBps * 1e9))
