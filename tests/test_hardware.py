@@ -118,3 +118,23 @@ def test_mi250x_is_one_gcd_as_software_sees_it():
     gcd = lookup_gpu("AMD Instinct MI250X")
     assert gcd.name == "MI250X-64GB" and gcd.memory_bytes == 68702699520
     assert gcd.peak_tflops_bf16 == 191.5 and gcd.hbm_bandwidth_GBps == 1638.4
+
+
+@pytest.mark.parametrize("gpu", catalog(), ids=lambda g: g.name)
+def test_every_catalog_gpu_can_be_planned_for(gpu):
+    """AMD entries carry a gfx name where NVIDIA ones carry a compute capability: both plan."""
+    from planner import plan
+
+    result = plan("gpt2", 8, gpu=gpu.name, memory_method="analytic", detect=False)
+    assert result.choice.fits and result.hardware.gpu == gpu.name
+
+
+def test_blas_workspace_follows_torchs_default_per_architecture():
+    from planner.memory.estimate import cublas_workspace_bytes
+
+    mib = 2**20
+    assert cublas_workspace_bytes(lookup_gpu("H100-80GB")) == 32 * mib  # sm 9.0, measured on the lent H100
+    assert cublas_workspace_bytes(lookup_gpu("A100-80GB")) == 8 * mib + 128 * 1024
+    assert cublas_workspace_bytes(lookup_gpu("B200-192GB")) == 8 * mib + 128 * 1024  # sm 10.0 is not "Hopper"
+    assert cublas_workspace_bytes(lookup_gpu("MI300X-192GB")) == (128 + 76) * mib  # hipBLAS gfx94x + hipBLASLt
+    assert cublas_workspace_bytes(lookup_gpu("MI250X-64GB")) == (32 + 76) * mib

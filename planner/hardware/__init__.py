@@ -59,7 +59,10 @@ class GPU(BaseModel):
         return self.memory_bytes / 2**30
 
     @property
-    def compute_capability_tuple(self) -> tuple[int, int]:
+    def compute_capability_tuple(self) -> tuple[int, int] | None:
+        """CUDA compute capability as (major, minor); None for an AMD GPU, whose architecture is a gfx name."""
+        if self.vendor != "nvidia":
+            return None
         major, _, minor = self.compute_capability.partition(".")
         return int(major), int(minor or 0)
 
@@ -92,7 +95,8 @@ class GPU(BaseModel):
         if PRECISION[precision].tf32 and self.peak_tflops_tf32 is None:
             return (f"{self.name} has no TF32 tensor cores (compute capability {self.compute_capability}; TF32 "
                     "needs 8.0)")
-        if attention == FLASH and self.compute_capability_tuple < FLASH_ATTENTION_MIN_CC:
+        cc = self.compute_capability_tuple
+        if attention == FLASH and cc is not None and cc < FLASH_ATTENTION_MIN_CC:
             return (f"FlashAttention-2 needs compute capability 8.0 or newer; {self.name} has "
                     f"{self.compute_capability}")
         if attention == FLASH and PRECISION[precision].compute == PRECISION[FP32].compute:

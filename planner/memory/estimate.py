@@ -30,10 +30,24 @@ MiB = 2**20
 #: median 2.6% from the prediction with this value (benchmarks/results/gpu_measured-H100-80GB.json). Other GPUs and
 #: drivers unmeasured.
 CUDA_CONTEXT_BYTES = 768 * MiB
-#: cuBLAS/cuBLASLt workspace, allocated through torch's caching allocator (so in max_memory_allocated): torch's
-#: default CUBLAS_WORKSPACE_CONFIG ":4096:8" = 32 MiB on Hopper (aten/src/ATen/cuda/CublasHandlePool.cpp
-#: `getChosenWorkspaceSize`), less before.
+#: cuBLAS workspace, allocated through torch's caching allocator (so in max_memory_allocated), one per handle and
+#: stream: torch's default (aten/src/ATen/cuda/CublasHandlePool.cpp `parseChosenWorkspaceSize`, "/* :4096:2:16:8
+#: default, 32MiB for Hopper */") is 32 MiB on sm 9.0 exactly (measured on the lent H100: 33554432 B,
+#: benchmarks/results/gpu_mechanisms-H100-80GB-2026-11-22.json) and 2 x 4 MiB + 8 x 16 KiB elsewhere, Blackwell
+#: included; cuBLASLt shares it (`getCUDABlasLtWorkspaceSize`: unified unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0).
+#: A ROCm build keeps hipBLAS's, 128 MiB on gfx94x/gfx95x (MI300) and 32 MiB elsewhere, and hipBLASLt's own 76 MiB
+#: (the unified workspace is CUDA-only). None: a GPU of unknown make, planned at Hopper's.
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
+
+
+def cublas_workspace_bytes(gpu) -> int:
+    """The BLAS workspaces torch allocates for a step on `gpu` (a catalog entry; None: unknown)."""
+    if gpu is None:
+        return CUBLAS_WORKSPACE_BYTES
+    if gpu.vendor == "amd":
+        hipblas = 128 * MiB if gpu.compute_capability.startswith(("gfx94", "gfx95")) else 32 * MiB
+        return hipblas + 76 * MiB
+    return CUBLAS_WORKSPACE_BYTES if gpu.compute_capability == "9.0" else 2 * 4 * MiB + 8 * 16 * 1024
 #: NCCL's per-process buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, plus NVLS/proxy buffers; NCCL docs,
 #: "Environment Variables"); outside the caching allocator. Only with more than one GPU.
 NCCL_BUFFER_BYTES = 512 * MiB
@@ -247,6 +261,9 @@ class Evaluation:
         implementation = effective_attention(self.resolved.config, self.attention, self.resolved.trust_remote_code)
         kernel = attention_kernel(
             implementation, device=self.device, half=ACTIVATIONS[family].half_weights or ACTIVATIONS[family].autocast,
+            # None for an AMD GPU (a gfx name): ROCm builds run SDPA's flash kernel through AOTriton on MI200/MI300
+            # (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp `check_flash_attention_hardware_support`, ROCm
+            # branch), as a current NVIDIA GPU does
             compute_capability=self.gpu.compute_capability_tuple if self.gpu else None, head_dim=spec.head_dim,
             dropout=spec.attention_dropout, grouped_query=spec.kv_heads < spec.heads)
         # flash and memory-efficient kernels apply dropout inside the kernel and save no mask; eager and math
@@ -377,7 +394,7 @@ class Evaluation:
         slack = 0
         if self.device == "cuda":
             slack = self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
-        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack)
+        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack, self.gpu)
 
 
 def speed_trace_profiles(resolved, req):
@@ -423,7 +440,7 @@ def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
 
 
 def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: EstimateMethod, optimizer: str,
-            device: str, slack: int = 0) -> MemoryEstimate:
+            device: str, slack: int = 0, gpu=None) -> MemoryEstimate:
     """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
     step's. The first micro-batch of a step runs with no gradients allocated yet (its traced activations include
     the gradients its backward has made by its peak); later ones (grad_accum > 1) with all of them. On the CPU, host
@@ -435,7 +452,7 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
         tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
     if device == "cpu":
         tensors += ms.host_tensors
-    terms = _terms(spec, cfg, ms, slack, transient, device)
+    terms = _terms(spec, cfg, ms, slack, transient, device, gpu)
     if device == "cuda" and not ESTIMATE[method].measured:
         terms = terms.model_copy(update={"error_margin": int(ACTIVATION_MARGIN * act)})
     peak_allocated = tensors + terms.allocated_overheads
@@ -447,7 +464,8 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
     )
 
 
-def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int, device: str) -> MemoryTerms:
+def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int, device: str,
+           gpu=None) -> MemoryTerms:
     """The engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver add."""
     ddp = ms.gradients if cfg.world_size > 1 and cfg.engine == TORCH else 0  # gradient_as_bucket_view=False
     if ddp and device == "cpu":  # gloo's ring all-reduce works on a copy of one bucket (DDP_BUCKET_CAP_BYTES)
@@ -464,7 +482,7 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int
     if device != "cuda":
         return MemoryTerms(optimizer_transient=transient, ddp_buckets=ddp, zero_buckets=zero)
     return MemoryTerms(
-        optimizer_transient=transient, cublas_workspace=CUBLAS_WORKSPACE_BYTES, ddp_buckets=ddp, zero_buckets=zero,
+        optimizer_transient=transient, cublas_workspace=cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
         allocator_slack=slack,
         cuda_context=CUDA_CONTEXT_BYTES, nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
 
