@@ -49,7 +49,11 @@ def cublas_workspace_bytes(gpu) -> int:
         return hipblas + 76 * MiB
     return CUBLAS_WORKSPACE_BYTES if gpu.compute_capability == "9.0" else 2 * 4 * MiB + 8 * 16 * 1024
 #: NCCL's per-process buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, plus NVLS/proxy buffers; NCCL docs,
-#: "Environment Variables"); outside the caching allocator. Only with more than one GPU.
+#: "Environment Variables"); outside the caching allocator. Only with more than one GPU. Unmeasured here (the lent
+#: machine has one GPU); what is published agrees on its size: linear in the channels, two connections per ring at
+#: any scale, and no growth beyond two nodes (NVIDIA/nccl#986, sjeaugey); each connection's protocol buffers are
+#: allocated as 10 MiB + 2 MiB with cuMem on 8 x H100 (NVIDIA/nccl#1685, NCCL_DEBUG_SUBSYS=ALLOC); and that user's
+#: non-PyTorch memory was 1.06 GB per GPU after initialisation, CUDA context included (the same issue).
 NCCL_BUFFER_BYTES = 512 * MiB
 #: DDP's bucket cap (torch/nn/parallel/distributed.py, `bucket_cap_mb` default 25). On the CPU, gloo's all-reduce
 #: holds a second copy of the bucket it reduces: with two ranks DDP adds 2.00x the gradient bytes on the CPU for
