@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from typing import Callable
@@ -86,6 +87,9 @@ def map_forked(func: Callable, items: list, workers: int) -> list:
 
 
 def _child(send, func: Callable, items: list) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops its children itself (`map_forked`'s finally), so a
+    # child leaves quietly instead of printing a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     results = []
     for item in items:
         try:
