@@ -138,3 +138,12 @@ def test_blas_workspace_follows_torchs_default_per_architecture():
     assert cublas_workspace_bytes(lookup_gpu("B200-192GB")) == 8 * mib + 128 * 1024  # sm 10.0 is not "Hopper"
     assert cublas_workspace_bytes(lookup_gpu("MI300X-192GB")) == (128 + 76) * mib  # hipBLAS gfx94x + hipBLASLt
     assert cublas_workspace_bytes(lookup_gpu("MI250X-64GB")) == (32 + 76) * mib
+
+
+def test_cuda_context_is_the_measured_bare_context_of_the_architecture_plus_a_steps_kernels():
+    from planner.memory.estimate import CUDA_CONTEXT_BYTES, cuda_context_bytes
+
+    h100, l40s, a100 = (lookup_gpu(n) for n in ("H100-80GB", "L40S-48GB", "A100-80GB"))
+    assert cuda_context_bytes(h100) == CUDA_CONTEXT_BYTES  # the value the H100 steps' NVML totals were checked with
+    assert cuda_context_bytes(l40s) == CUDA_CONTEXT_BYTES - (645464064 - 426 * 2**20)  # sm 8.9's bare context
+    assert cuda_context_bytes(a100) == cuda_context_bytes(None) == CUDA_CONTEXT_BYTES  # unmeasured: the largest

@@ -27,9 +27,25 @@ MiB = 2**20
 #: loading). Measured on an H100 (torch 2.11, driver 580): 615.6 MiB after the first allocation, +69 MB once cuBLAS
 #: loads and +19 MB for the SDPA kernels' modules (benchmarks/results/gpu_mechanisms-H100-80GB-2026-11-22.json);
 #: a training step loads more modules (loss, optimizer, norms) and the NVML process totals of 39 steps sit at a
-#: median 2.6% from the prediction with this value (benchmarks/results/gpu_measured-H100-80GB.json). Other GPUs and
-#: drivers unmeasured.
+#: median 2.6% from the prediction with this value (benchmarks/results/gpu_measured-H100-80GB.json). Other
+#: architectures: `cuda_context_bytes`.
 CUDA_CONTEXT_BYTES = 768 * MiB
+#: The bare context, created before any kernel runs, measured per architecture (compute capability -> bytes): sm 9.0
+#: 645464064 B on the lent H100 (torch 2.11, CUDA 13.0: NVML used minus used-before minus reserved, the
+#: `outside_allocator` stage "context" of the file above); sm 8.9 426 MiB on an RTX 6000 Ada (torch 2.10+cu130,
+#: nvidia-smi after `torch.cuda.mem_get_info`, unslothai/unsloth-zoo PR #1053). A training step's kernels add what
+#: `CUDA_CONTEXT_BYTES` holds beyond the H100's bare context (in-sample to the H100 steps); an architecture not
+#: measured gets the H100's, the largest measured.
+CUDA_BARE_CONTEXT_BYTES = {"9.0": 645464064, "8.9": 426 * MiB}
+CUDA_STEP_MODULES_BYTES = CUDA_CONTEXT_BYTES - CUDA_BARE_CONTEXT_BYTES["9.0"]
+
+
+def cuda_context_bytes(gpu) -> int:
+    """The CUDA context a training process holds on `gpu` (a catalog entry; None: unknown), outside the allocator."""
+    bare = CUDA_BARE_CONTEXT_BYTES.get(gpu.compute_capability if gpu else "", CUDA_BARE_CONTEXT_BYTES["9.0"])
+    return bare + CUDA_STEP_MODULES_BYTES
+
+
 #: cuBLAS workspace, allocated through torch's caching allocator (so in max_memory_allocated), one per handle and
 #: stream: torch's default (aten/src/ATen/cuda/CublasHandlePool.cpp `parseChosenWorkspaceSize`, "/* :4096:2:16:8
 #: default, 32MiB for Hopper */") is 32 MiB on sm 9.0 exactly (measured on the lent H100: 33554432 B,
@@ -48,6 +64,8 @@ def cublas_workspace_bytes(gpu) -> int:
         hipblas = 128 * MiB if gpu.compute_capability.startswith(("gfx94", "gfx95")) else 32 * MiB
         return hipblas + 76 * MiB
     return CUBLAS_WORKSPACE_BYTES if gpu.compute_capability == "9.0" else 2 * 4 * MiB + 8 * 16 * 1024
+
+
 #: NCCL's per-process buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, plus NVLS/proxy buffers; NCCL docs,
 #: "Environment Variables"); outside the caching allocator. Only with more than one GPU. Unmeasured here (the lent
 #: machine has one GPU); what is published agrees on its size: linear in the channels, two connections per ring at
@@ -488,7 +506,7 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int
     return MemoryTerms(
         optimizer_transient=transient, cublas_workspace=cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
         allocator_slack=slack,
-        cuda_context=CUDA_CONTEXT_BYTES, nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
+        cuda_context=cuda_context_bytes(gpu), nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
 
 
 def sequence_fit(evaluation: Evaluation, cfg: Config, seq_lens):
