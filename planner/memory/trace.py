@@ -250,8 +250,11 @@ def prefetch_traces(config, config_hash: str, jobs: list[tuple[int, TraceRequest
     worker could not run is left for `_cached_trace` to run, and fail, as it would have."""
     from planner.memory.forked import map_forked, worker_count
 
-    todo = list({_key(config_hash, layers, req): (layers, req, profile) for layers, req, profile in jobs
-                 if _lookup(_key(config_hash, layers, req), profile) is None}.items())
+    wanted: dict[str, tuple[int, TraceRequest, bool]] = {}
+    for layers, req, profile in jobs:  # one run per trace, with its op profile if any job asks for it
+        key = _key(config_hash, layers, req)
+        wanted[key] = (layers, req, profile or (key in wanted and wanted[key][2]))
+    todo = [(key, job) for key, job in wanted.items() if _lookup(key, job[2]) is None]
     # deepest first: dealt out in turn, every process gets a like share of the blocks to trace
     todo.sort(key=lambda item: -item[1][0])
     workers = worker_count(len(todo))
