@@ -140,10 +140,11 @@ def _key(config_hash: str, layers: int, req: TraceRequest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def traced_layers(config, total_layers: int) -> tuple[int, int]:
+def traced_layers(config, total_layers: int) -> tuple[int, ...]:
+    """The depths a fit traces: two, or the whole model once where it is no deeper than the deeper of them."""
     kinds = getattr(config, "layer_types", None)
     pair = TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else TRACED_LAYERS
-    return pair if total_layers > pair[1] else (total_layers, total_layers)
+    return pair if total_layers > pair[1] else (total_layers,)
 
 
 def trace_activations(config, config_hash: str, total_layers: int, req: TraceRequest,
@@ -153,7 +154,7 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
 
     Without `batch_slope` only the anchor micro-batch is traced (2 traces instead of 4) and the fit is
     valid at that micro-batch alone."""
-    depths = tuple(dict.fromkeys(traced_layers(config, total_layers)))
+    depths = traced_layers(config, total_layers)
     b1, b2 = req.micro_batch, req.micro_batch + 1
     prefetch_traces(config, config_hash, _fit_jobs(depths, req, batch_slope), trust_remote_code)
     anchor = [_cached_trace(config, config_hash, layers, req, trust_remote_code) for layers in depths]
@@ -205,7 +206,7 @@ class SequenceFit:
 def trace_sequence_fit(config, config_hash: str, total_layers: int, req: TraceRequest,
                        seq_lens: tuple[int, int, int], trust_remote_code: bool = False) -> SequenceFit:
     """Fit act(s) = c0 + c1 s + c2 s^2 through three traced sequence lengths (each at two depths)."""
-    depths = tuple(dict.fromkeys(traced_layers(config, total_layers)))
+    depths = traced_layers(config, total_layers)
     prefetch_traces(config, config_hash, [job for s in seq_lens for job in _fit_jobs(depths, replace(req, seq_len=s),
                                                                                      False)], trust_remote_code)
     values = [trace_activations(config, config_hash, total_layers, replace(req, seq_len=s), trust_remote_code,
