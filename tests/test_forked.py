@@ -73,16 +73,22 @@ def test_no_forking_where_it_does_not_pay_or_is_not_safe(two_cores, monkeypatch)
         other.join()
 
 
-@linux
-def test_prefetched_traces_equal_traces_run_one_by_one(two_cores, tmp_path, monkeypatch):
+@pytest.fixture
+def tiny(two_cores, tmp_path, monkeypatch):
+    """A tiny Llama and a request to trace it with, against empty trace caches."""
     import transformers
 
     monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path))
     monkeypatch.setattr(trace_mod, "_memory_cache", {})
     config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
-    req = TraceRequest(micro_batch=2, seq_len=32, activations="fp32", checkpointing="none", attention="math",
-                       attention_dropout=False)
+    return config, TraceRequest(micro_batch=2, seq_len=32, activations="fp32", checkpointing="none", attention="math",
+                                attention_dropout=False)
+
+
+@linux
+def test_prefetched_traces_equal_traces_run_one_by_one(tiny, monkeypatch):
+    config, req = tiny
     jobs = [(3, req, False), (4, req, True), (3, replace(req, micro_batch=3), False)]
     prefetch_traces(config, "tiny-forked", jobs)
     assert len(trace_mod._memory_cache) == 3
@@ -95,15 +101,8 @@ def test_prefetched_traces_equal_traces_run_one_by_one(two_cores, tmp_path, monk
 
 
 @linux
-def test_a_trace_asked_for_with_and_without_its_ops_runs_once_with_them(two_cores, tmp_path, monkeypatch):
-    import transformers
-
-    monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path))
-    monkeypatch.setattr(trace_mod, "_memory_cache", {})
-    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=128)
-    req = TraceRequest(micro_batch=2, seq_len=32, activations="fp32", checkpointing="none", attention="math",
-                       attention_dropout=False)
+def test_a_trace_asked_for_with_and_without_its_ops_runs_once_with_them(tiny):
+    config, req = tiny
     prefetch_traces(config, "tiny-forked-ops", [(1, req, False), (1, req, True), (2, req, False)])
     assert len(trace_mod._memory_cache) == 2
     ops = trace_mod._memory_cache[trace_mod._key("tiny-forked-ops", 1, req)]
