@@ -197,3 +197,33 @@ def test_moe_blocks_become_zero3_leaves(tmp_path):
     assert [c.__name__ for c in moe_block_classes(model)] == ["Qwen2MoeSparseMoeBlock"]
     _moe_leaves(model)
     assert all(z3_leaf_module(layer.mlp) for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("release, keyword", [("4.46.3", "torch_dtype"), ("4.55.4", "torch_dtype"),
+                                              ("4.56.0.dev0", "dtype"), ("4.56.0", "dtype"), ("5.24.0", "dtype")])
+def test_dtype_keyword_follows_the_release(release, keyword):
+    """transformers before 4.56 takes `_from_config(config, torch_dtype=...)`; pyproject.toml allows them."""
+    from planner.models.build import dtype_keyword
+
+    assert dtype_keyword(release) == keyword
+    assert dtype_keyword() == dtype_keyword(transformers.__version__)
+
+
+def test_meta_build_passes_the_dtype_by_the_installed_keyword(monkeypatch):
+    """The meta build hands the dtype by the keyword `dtype_keyword` names, and the model comes out in it."""
+    from planner.models import build
+
+    seen = []
+    real = LlamaForCausalLM._from_config.__func__
+
+    def spy(cls, config, **kwargs):
+        seen.append(sorted(kwargs))
+        return real(cls, config, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "_from_config", classmethod(spy))
+    monkeypatch.setattr(build, "dtype_keyword", lambda: "torch_dtype")
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=256, architectures=["LlamaForCausalLM"])
+    model = build.build_meta(config, dtype=torch.bfloat16)
+    assert seen == [["torch_dtype"]]
+    assert next(model.parameters()).dtype == torch.bfloat16

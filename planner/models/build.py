@@ -44,8 +44,26 @@ def model_class(config, trust_remote_code: bool = False):
                      hint="Upgrade transformers, or pass --trust-remote-code for a model with its own code.")
 
 
+#: The transformers release whose `_from_config` takes `dtype=`; earlier ones take `torch_dtype=`
+#: (transformers/modeling_utils.py `_from_config`: 4.55.4 line 2358 pops "torch_dtype", 4.56.0 line 2408 pops "dtype"
+#: and keeps the old name only with a deprecation warning). pyproject.toml allows releases on both sides.
+DTYPE_KEYWORD_SINCE = (4, 56)
+
+
+def dtype_keyword(release: str | None = None) -> str:
+    """The keyword `_from_config` takes a dtype by in transformers `release` (default: the installed one)."""
+    from packaging.version import Version
+
+    if release is None:
+        import transformers
+
+        release = transformers.__version__
+    return "dtype" if Version(release).release[:2] >= DTYPE_KEYWORD_SINCE else "torch_dtype"
+
+
 class _AutoFromConfig:
-    """Adapts an Auto class to the `cls._from_config(config, dtype=...)` call of concrete classes."""
+    """Adapts an Auto class to the `cls._from_config(config, dtype=...)` call of concrete classes (`torch_dtype=`
+    before transformers 4.56: `dtype_keyword`)."""
 
     def __init__(self, auto):
         self.auto = auto
@@ -65,7 +83,7 @@ def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = F
     cfg = with_layers(config, layers) if layers is not None else copy.deepcopy(config)
     cls = model_class(cfg, trust_remote_code)
     with torch.device("meta"):
-        model = cls._from_config(cfg, dtype=dtype or torch.float32)
+        model = cls._from_config(cfg, **{dtype_keyword(): dtype or torch.float32})
         _untie_t5_v11_head(model, cfg)
         if adapter is not None:
             from planner.models.adapters import apply_adapter
