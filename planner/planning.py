@@ -331,7 +331,19 @@ def _precisions(precision: str, gpu, attention: str) -> tuple[str, ...]:
         flag = "--attention" if "FlashAttention" in problem else "--precision"
         raise InputError(problem, flag=flag, hint="Use fp16-mixed (with loss scaling) or fp32."
                          if flag == "--precision" else "Use --attention sdpa.")
-    return usable
+    return _without_loss_scaling_twins(usable) if precision == AUTO else usable
+
+
+def _without_loss_scaling_twins(precisions: tuple[str, ...]) -> tuple[str, ...]:
+    """`auto` leaves out a loss-scaled precision where a twin runs without loss scaling (fp16-mixed where the GPU has
+    bf16-mixed): the same bytes and tensor-core rate, without the GradScaler's skipped steps; asked for by name, it is
+    planned."""
+    def twin(p: str, q: str) -> bool:
+        a, b = PRECISION[p], PRECISION[q]
+        return q != p and not b.loss_scaling and (a.weight_bytes, a.autocast is None) == (b.weight_bytes,
+                                                                                       b.autocast is None)
+
+    return tuple(p for p in precisions if not (PRECISION[p].loss_scaling and any(twin(p, q) for q in precisions)))
 
 
 def _hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate]:

@@ -309,3 +309,15 @@ def test_a_slower_network_slows_a_multi_node_plan_and_the_plan_says_which_networ
     for bad in (0, -5, float("nan"), 1e9, True):
         with pytest.raises(InputError, match="--nic-gbps|bandwidth"):
             plan("gpt2", 8, gpu="A100-80GB", nic_gbps=bad)
+
+
+@pytest.mark.parametrize("gpu, searched", [("H100-80GB", ("fp32", "tf32", "bf16-mixed")),
+                                           ("V100-16GB", ("fp32", "fp16-mixed"))])
+def test_auto_searches_fp16_mixed_only_where_bf16_cannot_run(gpu, searched):
+    """fp16-mixed has bf16-mixed's bytes and tensor-core rate plus loss scaling: `auto` plans it only on GPUs
+    without bf16, and a user who names it gets it."""
+    from planner.hardware import lookup_gpu
+    from planner.planning import _precisions
+
+    assert _precisions("auto", lookup_gpu(gpu), "sdpa") == searched
+    assert _precisions("fp16-mixed", lookup_gpu(gpu), "sdpa") == ("fp16-mixed",)
