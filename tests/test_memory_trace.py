@@ -161,3 +161,87 @@ def test_a_model_op_without_a_meta_kernel_falls_back_quietly(caplog):
         est = estimate_memory(config, micro_batch=2, seq_len=32, precision="fp32", gpu="A100-80GB")
     assert est.peak > 0
     assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
+
+
+def test_the_trace_runs_the_half_dtype_the_step_runs():
+    """bf16 and fp16 have the same bytes, not the same program: T5 clamps fp16 hidden states only (transformers
+    models/t5/modeling_t5.py, `if hidden_states.dtype == torch.float16`), and clamp keeps its input for the
+    backward, so the fp16 step keeps more than the bf16 one."""
+    config = transformers.T5Config(d_model=64, d_ff=128, d_kv=16, num_heads=4, num_layers=2, vocab_size=300,
+                                   decoder_start_token_id=0, pad_token_id=0,
+                                   architectures=["T5ForConditionalGeneration"])
+    bf16, fp16 = (run_trace(config, 2, req(activations="half", attention="eager", half_dtype=dtype),
+                            profile=False).activations for dtype in ("bfloat16", "float16"))
+    assert fp16 > bf16
+
+
+@pytest.mark.parametrize("precision, half_dtype, autocast", [("fp16-mixed", "float16", "float16"),
+                                                             ("bf16-mixed", "bfloat16", "bfloat16"),
+                                                             ("bf16-true", "bfloat16", None)])
+def test_trace_request_carries_the_precisions_half_dtype(precision, half_dtype, autocast):
+    from planner.config import Config
+    from planner.memory.estimate import Evaluation
+    from planner.models import resolve_model
+
+    evaluation = Evaluation(resolve_model(tiny_llama(2)), seq_len=64, optimizer="adamw", attention="sdpa",
+                            gpus_per_node=1, device="cuda")
+    cfg = Config.of(micro_batch=1, grad_accum=1, world_size=1, precision=precision, checkpointing="none",
+                    zero_stage=0, offload="none", engine=None)
+    r = evaluation.trace_request(cfg)
+    assert (r.half_dtype, r.autocast) == (half_dtype, autocast)
+
+
+def test_a_layerdrop_draw_is_real_under_the_fake_trace():
+    """transformers 4.x LayerDrop branches on `torch.rand([]) < layerdrop`: the scalar is drawn for real and the
+    fake mode propagates it as a constant; other draws stay fake, and torch.rand is restored afterwards."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from planner.memory.trace import _real_scalar_draws
+
+    original = torch.rand
+    with FakeTensorMode() as mode, _real_scalar_draws(mode):
+        draw = torch.rand([])
+        assert isinstance(bool(draw < 2.0), bool) and bool(draw < 2.0)
+        assert isinstance(torch.rand(3), FakeTensor)
+    assert torch.rand is original
+
+
+def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch):
+    """Before transformers 5 the decisions live in modeling_attn_mask_utils, and model modules import
+    `_prepare_4d_attention_mask_for_sdpa` by name; under fake tensors both answer as an all-ones mask does, real
+    masks still reach the originals, and everything is restored afterwards."""
+    import sys
+    import types
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.memory.trace import _real_mask_decisions
+
+    class AttentionMaskConverter:
+        @staticmethod
+        def _ignore_causal_mask_sdpa(attention_mask, inputs_embeds, past_key_values_length, sliding_window=None,
+                                     is_training=False):
+            return attention_mask is None
+
+    def expand(mask, dtype, tgt_len=None):
+        return "expanded"
+
+    legacy = types.ModuleType("transformers.modeling_attn_mask_utils")
+    legacy.AttentionMaskConverter, legacy._prepare_4d_attention_mask_for_sdpa = AttentionMaskConverter, expand
+    model_module = types.ModuleType("transformers.models.fake.modeling_fake")
+    model_module._prepare_4d_attention_mask_for_sdpa = expand
+    monkeypatch.setattr(transformers, "modeling_attn_mask_utils", legacy, raising=False)
+    monkeypatch.setitem(sys.modules, legacy.__name__, legacy)
+    monkeypatch.setitem(sys.modules, model_module.__name__, model_module)
+    ignore = AttentionMaskConverter.__dict__["_ignore_causal_mask_sdpa"]
+    real = torch.ones(2, 8)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(real)
+        with _real_mask_decisions():
+            assert AttentionMaskConverter._ignore_causal_mask_sdpa(fake, fake, 0) is True
+            assert AttentionMaskConverter._ignore_causal_mask_sdpa(real, fake, 0) is False
+            assert model_module._prepare_4d_attention_mask_for_sdpa(fake, torch.float16) is None
+            assert model_module._prepare_4d_attention_mask_for_sdpa(real, torch.float16) == "expanded"
+    assert model_module._prepare_4d_attention_mask_for_sdpa is expand and legacy._prepare_4d_attention_mask_for_sdpa \
+        is expand
+    assert AttentionMaskConverter.__dict__["_ignore_causal_mask_sdpa"] is ignore

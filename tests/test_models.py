@@ -227,3 +227,14 @@ def test_meta_build_passes_the_dtype_by_the_installed_keyword(monkeypatch):
     model = build.build_meta(config, dtype=torch.bfloat16)
     assert seen == [["torch_dtype"]]
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_from_config_keeps_the_attention_the_config_was_given():
+    """transformers before 4.46 resets `_attn_implementation` unless `_from_config` is handed it."""
+    from planner.models.build import _from_config_kwargs, dtype_keyword
+
+    config = tiny_llama_config()
+    assert _from_config_kwargs(config, torch.float32) == {dtype_keyword(): torch.float32}
+    config._attn_implementation = "eager"
+    assert _from_config_kwargs(config, torch.bfloat16) == {dtype_keyword(): torch.bfloat16,
+                                                           "attn_implementation": "eager"}

@@ -294,7 +294,7 @@ class Evaluation:
             micro_batch=cfg.micro_batch, seq_len=self.seq_len, activations=family, checkpointing=cfg.checkpointing,
             attention=kernel, attention_dropout=KERNEL[kernel].saves_scores and spec.attention_dropout > 0,
             objective=self.objective, grads_allocated=cfg.grad_accum > 1 or cfg.sharded, autocast_device=self.device,
-            adapter=self.resolved.adapter)
+            adapter=self.resolved.adapter, half_dtype=cfg.half_dtype() or TraceRequest.half_dtype)
 
     def activations(self, cfg: Config, method: str) -> tuple[int, EstimateMethod]:
         """Activation bytes of one micro-batch and the method that produced them. Optimizer states and

@@ -72,7 +72,9 @@ def make_optimizer(model, name: str, *, foreach: bool | None = None):
 
 def make_batch(model, micro_batch: int, seq_len: int, device="cpu", objective: str = LABELS_OBJECTIVE) -> dict:
     """Random token ids and, for the labels objective, the labels the model's head trains on (`vocab.TASK`)."""
-    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 1000))
+    from planner.models.validate import text_config
+
+    vocab = int(getattr(text_config(model.config), "vocab_size", 1000))
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
     if objective != LABELS_OBJECTIVE:
         return {"input_ids": ids}

@@ -117,6 +117,10 @@ class TraceRequest:
     autocast_device: str = "cpu"
     #: LoRA / QLoRA adapters peft injects (planner.models.adapters.Adapter); None trains the whole model
     adapter: object = None
+    #: the 16-bit dtype (a `torch` attribute name) of the step's half weights and of its autocast: the bytes are
+    #: bf16's either way, the program is not (model code branches on float16: OPT's eager attention upcasts its
+    #: softmax to fp32 only for fp16 weights, transformers 4.46.3 models/opt/modeling_opt.py line 207)
+    half_dtype: str = "bfloat16"
 
     @property
     def half_weights(self) -> bool:
@@ -125,8 +129,8 @@ class TraceRequest:
 
     @property
     def autocast(self) -> str | None:
-        """The autocast dtype the traced step runs under (bf16 and fp16 have the same bytes)."""
-        return "bfloat16" if ACTIVATIONS[self.activations].autocast else None
+        """The autocast dtype the traced step runs under."""
+        return self.half_dtype if ACTIVATIONS[self.activations].autocast else None
 
 
 _memory_cache: dict[str, TracePoint] = {}
@@ -305,18 +309,25 @@ def _real_mask_decisions():
     transformers decides whether SDPA may run with `is_causal` (no mask tensor) by reading the values of
     the position ids (packed sequences?) and of the padding mask; under FakeTensorMode it cannot, so it
     materialises a mask and SDPA saves more than a real step does (64 KiB per block in a tiny Llama). Our
-    batches are neither packed nor padded, so we give the checks the answers real values give.
+    batches are neither packed nor padded, so we give the checks the answers real values give: in
+    `masking_utils` (transformers 4.53 and later) and, before transformers 5, in `modeling_attn_mask_utils`
+    (`AttentionMaskConverter._ignore_causal_mask_sdpa`, and `_prepare_4d_attention_mask_for_sdpa`, which returns
+    None for an all-ones mask: transformers 4.46.3 modeling_attn_mask_utils.py lines 284 and 449).
     """
-    try:
-        from transformers import masking_utils
-    except ImportError:  # older transformers decide elsewhere
-        yield
-        return
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
 
     fake = (FakeTensor, FunctionalTensor)  # FunctionalTensor: AOTAutograd's capture (planner/memory/compiled.py)
-    patched = {}
+    restore: list[tuple[object, str, object]] = []
+
+    def patch(owner, name: str, replacement) -> None:
+        restore.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, replacement)
+
+    try:
+        from transformers import masking_utils
+    except ImportError:  # transformers before 4.53
+        masking_utils = None
     for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
         original = getattr(masking_utils, name, None)
         if original is None:
@@ -325,20 +336,73 @@ def _real_mask_decisions():
         def without_fake_padding(padding_mask, *args, _original=original, **kwargs):
             return _original(None if isinstance(padding_mask, fake) else padding_mask, *args, **kwargs)
 
-        patched[name] = original
-        setattr(masking_utils, name, without_fake_padding)
+        patch(masking_utils, name, without_fake_padding)
     packed = getattr(masking_utils, "find_packed_sequence_indices", None)
     if packed is not None:
         def not_packed(position_ids, *args, _original=packed, **kwargs):
             return None if isinstance(position_ids, fake) else _original(position_ids, *args, **kwargs)
 
-        patched["find_packed_sequence_indices"] = packed
-        masking_utils.find_packed_sequence_indices = not_packed
+        patch(masking_utils, "find_packed_sequence_indices", not_packed)
+    _patch_legacy_mask_utils(patch, fake)
     try:
         yield
     finally:
-        for name, original in patched.items():
-            setattr(masking_utils, name, original)
+        for owner, name, original in reversed(restore):
+            setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def _real_scalar_draws(mode):
+    """LayerDrop in transformers 4.x draws a scalar and branches on it (`dropout_probability = torch.rand([])`,
+    `if dropout_probability < self.layerdrop`: models/opt/modeling_opt.py lines 912-916 in 4.46.3); a fake scalar
+    has no value to compare. Such a draw is made for real and handed to the fake `mode` as a constant, which it
+    propagates through the comparison (torch/_subclasses/fake_tensor.py, `_dispatch_impl`'s `all_constant` path)
+    as a real step does. Draws of any other shape stay fake."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = torch.rand
+
+    def rand(*size, **kwargs):
+        shape = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+        if len(shape) != 0:
+            return original(*size, **kwargs)
+        with unset_fake_temporarily():
+            real = original(*size, **{k: v for k, v in kwargs.items() if k != "device"})
+        return mode.fake_tensor_converter.from_real_tensor(mode, real, make_constant=True)
+
+    torch.rand = rand
+    try:
+        yield
+    finally:
+        torch.rand = original
+
+
+def _patch_legacy_mask_utils(patch, fake) -> None:
+    """transformers 4.x's `modeling_attn_mask_utils` checks, answered as for a real all-ones mask. Model modules
+    import `_prepare_4d_attention_mask_for_sdpa` by name, so each loaded one is patched where it holds it."""
+    import sys
+
+    try:
+        from transformers import modeling_attn_mask_utils as legacy
+    except ImportError:  # transformers 5 removed it
+        return
+    converter = legacy.AttentionMaskConverter
+    ignore = converter._ignore_causal_mask_sdpa
+
+    def ignore_without_fake_padding(attention_mask, *args, **kwargs):
+        return ignore(None if isinstance(attention_mask, fake) else attention_mask, *args, **kwargs)
+
+    patch(converter, "_ignore_causal_mask_sdpa", staticmethod(ignore_without_fake_padding))
+    expand = legacy._prepare_4d_attention_mask_for_sdpa
+
+    def all_ones_when_fake(mask, *args, **kwargs):
+        return None if isinstance(mask, fake) else expand(mask, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if (name == legacy.__name__ or name.startswith("transformers.models.")) and \
+                getattr(module, "_prepare_4d_attention_mask_for_sdpa", None) is expand:
+            patch(module, "_prepare_4d_attention_mask_for_sdpa", all_ones_when_fake)
 
 
 def _autocast_rules(req: TraceRequest):
@@ -373,10 +437,12 @@ def fake_step_model(config, layers: int, req: TraceRequest, trust: bool = False)
 
     cfg = _prepare_config(config, layers, req)
     # adapters with a 16-bit computation: the frozen base in 16 bits, the adapters in fp32 (planner/models/adapters.py)
-    mixed = torch.bfloat16 if req.adapter is not None and (req.autocast or req.half_weights) else None
-    model = build_meta(cfg, trust_remote_code=trust, dtype=torch.bfloat16 if req.half_weights else torch.float32,
+    half = getattr(torch, req.half_dtype)
+    mixed = half if req.adapter is not None and (req.autocast or req.half_weights) else None
+    model = build_meta(cfg, trust_remote_code=trust, dtype=half if req.half_weights else torch.float32,
                        adapter=req.adapter, mixed_dtype=mixed)
-    with FakeTensorMode(allow_non_fake_inputs=True), _real_mask_decisions(), _quiet_fake_tensor_errors():
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, _real_mask_decisions(), _real_scalar_draws(mode), \
+            _quiet_fake_tensor_errors():
         model.to_empty(device="cpu")
         model.tie_weights()
         model.train()

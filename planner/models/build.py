@@ -12,6 +12,7 @@ import json
 
 from planner.errors import InputError
 from planner.models.spec import ModelSpec
+from planner.models.validate import text_config
 from planner.vocab import CLASS_LABELS, EAGER, FLASH, NO_ADAPTER, SDPA, TASK, TOKEN_LABELS, task_of_class
 
 # Auto classes tried, in order, when a config names no architecture.
@@ -61,6 +62,17 @@ def dtype_keyword(release: str | None = None) -> str:
     return "dtype" if Version(release).release[:2] >= DTYPE_KEYWORD_SINCE else "torch_dtype"
 
 
+def _from_config_kwargs(config, dtype) -> dict:
+    """`_from_config`'s keywords: the dtype, and the attention implementation the config was given, which
+    transformers before 4.46 would otherwise reset to its own default (4.42.4 modeling_utils.py `_from_config`:
+    `config._attn_implementation = kwargs.pop("attn_implementation", None)`; later releases keep the config's)."""
+    kwargs = {dtype_keyword(): dtype}
+    chosen = getattr(config, "_attn_implementation_internal", None)
+    if isinstance(chosen, str):
+        kwargs["attn_implementation"] = chosen
+    return kwargs
+
+
 class _AutoFromConfig:
     """Adapts an Auto class to the `cls._from_config(config, dtype=...)` call of concrete classes (`torch_dtype=`
     before transformers 4.56: `dtype_keyword`)."""
@@ -83,7 +95,7 @@ def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = F
     cfg = with_layers(config, layers) if layers is not None else copy.deepcopy(config)
     cls = model_class(cfg, trust_remote_code)
     with torch.device("meta"):
-        model = cls._from_config(cfg, **{dtype_keyword(): dtype or torch.float32})
+        model = cls._from_config(cfg, **_from_config_kwargs(cfg, dtype or torch.float32))
         _untie_t5_v11_head(model, cfg)
         if adapter is not None:
             from planner.models.adapters import apply_adapter
@@ -217,7 +229,7 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
     weights QLoRA stores in 4 bits."""
     import torch
 
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     params = list(model.parameters())
     total, trainable = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
     hidden = int(_first(text, "hidden_size", "d_model", "n_embd"))

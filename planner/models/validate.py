@@ -17,10 +17,17 @@ SIZES = {
 OPTIONAL = {"intermediate size": (("intermediate_size", "n_inner", "d_ff", "ffn_dim"), 2**24)}
 
 
+def text_config(config):
+    """The config of a model's text part (a multimodal config's text model), or the config itself; transformers
+    before 4.45 has no `get_text_config` (pyproject.toml allows 4.46, and the published-memory benchmark traces
+    older releases)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def check_config(config, where: str) -> None:
     """Raise InputError (flag --model) for a config whose sizes are missing, not positive integers, or do not fit
     together (a hidden size the heads do not divide)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     values = {}
     for what, (names, limit) in {**SIZES, **OPTIONAL}.items():
         name = next((n for n in names if getattr(text, n, None) is not None), None)
