@@ -209,7 +209,7 @@ def test_a_layerdrop_draw_is_real_under_the_fake_trace():
 def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch):
     """Before transformers 5 the decisions live in modeling_attn_mask_utils, and model modules import
     `_prepare_4d_attention_mask_for_sdpa` by name; under fake tensors both answer as an all-ones mask does, real
-    masks still reach the originals, and everything is restored afterwards."""
+    masks still reach the originals, the padding warning is skipped, and everything is restored afterwards."""
     import sys
     import types
 
@@ -234,10 +234,13 @@ def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch
     monkeypatch.setitem(sys.modules, legacy.__name__, legacy)
     monkeypatch.setitem(sys.modules, model_module.__name__, model_module)
     ignore = AttentionMaskConverter.__dict__["_ignore_causal_mask_sdpa"]
+    warn = transformers.PreTrainedModel.__dict__["warn_if_padding_and_no_attention_mask"]
     real = torch.ones(2, 8)
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(real)
         with _real_mask_decisions():
+            # reads token values to decide on a warning (transformers 4.x): skipped for fake ids
+            assert transformers.PreTrainedModel.warn_if_padding_and_no_attention_mask(None, fake, None) is None
             assert AttentionMaskConverter._ignore_causal_mask_sdpa(fake, fake, 0) is True
             assert AttentionMaskConverter._ignore_causal_mask_sdpa(real, fake, 0) is False
             assert model_module._prepare_4d_attention_mask_for_sdpa(fake, torch.float16) is None
@@ -245,3 +248,4 @@ def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch
     assert model_module._prepare_4d_attention_mask_for_sdpa is expand and legacy._prepare_4d_attention_mask_for_sdpa \
         is expand
     assert AttentionMaskConverter.__dict__["_ignore_causal_mask_sdpa"] is ignore
+    assert transformers.PreTrainedModel.__dict__["warn_if_padding_and_no_attention_mask"] is warn

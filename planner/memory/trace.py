@@ -380,9 +380,19 @@ def _real_scalar_draws(mode):
 
 def _patch_legacy_mask_utils(patch, fake) -> None:
     """transformers 4.x's `modeling_attn_mask_utils` checks, answered as for a real all-ones mask. Model modules
-    import `_prepare_4d_attention_mask_for_sdpa` by name, so each loaded one is patched where it holds it."""
+    import `_prepare_4d_attention_mask_for_sdpa` by name, so each loaded one is patched where it holds it. The
+    padding warning of a batch without a mask (`warn_if_padding_and_no_attention_mask`, which reads token values,
+    modeling_utils.py line 4457 in 4.41.2) is skipped for fake ids, as transformers 5 skips it under tracing."""
     import sys
 
+    from transformers.modeling_utils import PreTrainedModel
+
+    warn = PreTrainedModel.warn_if_padding_and_no_attention_mask
+
+    def warn_unless_fake(self, input_ids, attention_mask):
+        return None if isinstance(input_ids, fake) else warn(self, input_ids, attention_mask)
+
+    patch(PreTrainedModel, "warn_if_padding_and_no_attention_mask", warn_unless_fake)
     try:
         from transformers import modeling_attn_mask_utils as legacy
     except ImportError:  # transformers 5 removed it
