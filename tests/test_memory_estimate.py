@@ -97,3 +97,22 @@ def test_traced_activations_move_the_right_way(mb, seq, ckpt, precision):
     assert act(seq_len=seq * 2) >= here
     less = CKPT_ORDER[max(0, CKPT_ORDER.index(ckpt) - 1)]
     assert act(checkpointing=less) <= here
+
+
+def test_registered_buffers_count_whole_on_every_gpu():
+    """GPT-Neo keeps a 2048 x 2048 bool causal-mask buffer per layer (transformers models/gpt_neo/modeling_gpt_neo.py
+    `register_buffer("bias", ...)`): 4 MiB a layer, which ZeRO-3 does not shard; GPT-J's fp32 rotary table takes the
+    working weights' width."""
+    neo = transformers.GPTNeoConfig(num_layers=4, hidden_size=256, num_heads=4, vocab_size=1000,
+                                    attention_types=[[["global", "local"], 2]], max_position_embeddings=2048,
+                                    architectures=["GPTNeoForCausalLM"])
+    single = estimate_memory(neo, micro_batch=1, seq_len=128, precision="bf16-mixed", gpu="H100-80GB")
+    zero3 = estimate_memory(neo, micro_batch=1, seq_len=128, precision="bf16-mixed", gpu="H100-80GB", zero_stage=3,
+                            world_size=8, engine="deepspeed")
+    assert single.terms.model_buffers == zero3.terms.model_buffers == 4 * 2048 * 2048
+    assert single.terms.allocated_overheads >= single.terms.model_buffers
+    gptj = transformers.GPTJConfig(n_layer=2, n_embd=256, n_head=4, rotary_dim=32, n_positions=2048, vocab_size=1000,
+                                   architectures=["GPTJForCausalLM"])
+    fp32, half = (estimate_memory(gptj, micro_batch=1, seq_len=128, precision=p, gpu="H100-80GB").terms.model_buffers
+                  for p in ("fp32", "bf16-true"))
+    assert fp32 == 2048 * 32 * 4 and half == fp32 // 2

@@ -109,6 +109,7 @@ class MemoryTerms(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     optimizer_transient: int = 0   # temporaries of the optimizer step (part of the tensors' peak)
+    model_buffers: int = 0         # the module's registered buffers, whole on every GPU (`model_buffer_bytes`)
     cublas_workspace: int = 0      # allocated through the caching allocator
     ddp_buckets: int = 0           # DDP's flat gradient buckets
     zero_buckets: int = 0          # DeepSpeed's reduce / all-gather / prefetch buckets
@@ -120,7 +121,7 @@ class MemoryTerms(BaseModel):
     @property
     def allocated_overheads(self) -> int:
         """What the caching allocator holds beyond model states and activations."""
-        return self.cublas_workspace + self.ddp_buckets + self.zero_buckets
+        return self.model_buffers + self.cublas_workspace + self.ddp_buckets + self.zero_buckets
 
     @property
     def outside_allocator(self) -> int:
@@ -486,9 +487,17 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
     )
 
 
+def model_buffer_bytes(spec, cfg: Config) -> int:
+    """The module's registered buffers (attention-mask tables some architectures keep per layer: GPT-Neo's 2048 x 2048
+    bool `bias`, 4 MiB a layer), which no engine shards: the floating ones in the working weights' width (casting a
+    model to 16 bits casts them, autocast does not)."""
+    return spec.other_buffer_bytes + cfg.weight_bytes() * spec.float_buffer_elements
+
+
 def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int, device: str,
            gpu=None) -> MemoryTerms:
-    """The engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver add."""
+    """The model's and the engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver
+    add."""
     ddp = ms.gradients if cfg.world_size > 1 and cfg.engine == TORCH else 0  # gradient_as_bucket_view=False
     if ddp and device == "cpu":  # gloo's ring all-reduce works on a copy of one bucket (DDP_BUCKET_CAP_BYTES)
         ddp += min(ms.gradients, DDP_BUCKET_CAP_BYTES)
@@ -501,11 +510,12 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int
         elif OFFLOAD[cfg.offload].optimizer_on_cpu:  # the 16-bit gradient partition, beside the estimator's states
             live += spec.trainable_parameters // cfg.world_size
         zero = cfg.weight_bytes() * live
+    buffers = model_buffer_bytes(spec, cfg)
     if device != "cuda":
-        return MemoryTerms(optimizer_transient=transient, ddp_buckets=ddp, zero_buckets=zero)
+        return MemoryTerms(optimizer_transient=transient, model_buffers=buffers, ddp_buckets=ddp, zero_buckets=zero)
     return MemoryTerms(
-        optimizer_transient=transient, cublas_workspace=cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
-        allocator_slack=slack,
+        optimizer_transient=transient, model_buffers=buffers, cublas_workspace=cublas_workspace_bytes(gpu),
+        ddp_buckets=ddp, zero_buckets=zero, allocator_slack=slack,
         cuda_context=cuda_context_bytes(gpu), nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
 
 

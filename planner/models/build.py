@@ -271,9 +271,15 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
                                     "dropout", default=0.0) or 0.0),
         position=position, config_hash=config_hash(config),
         layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
-        num_labels=_num_labels(model, config),
-        **_adapter_fields(adapter, quantized),
+        num_labels=_num_labels(model, config), **_adapter_fields(adapter, quantized), **_buffer_fields(model),
     )
+
+
+def _buffer_fields(model) -> dict:
+    """The module's registered buffers for ModelSpec (a buffer shared by modules counts once)."""
+    buffers = list({id(b): b for b in model.buffers()}.values())
+    return {"float_buffer_elements": sum(b.numel() for b in buffers if b.is_floating_point()),
+            "other_buffer_bytes": sum(b.numel() * b.element_size() for b in buffers if not b.is_floating_point())}
 
 
 def _num_labels(model, config) -> int:

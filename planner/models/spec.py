@@ -48,6 +48,10 @@ class ModelSpec(BaseModel):
     adapter: AdapterMethod = NO_ADAPTER   # what trains (`vocab.ADAPTER`): all, or LoRA / QLoRA adapters
     quantized_parameters: int = 0   # QLoRA: base weight elements bitsandbytes stores in 4 bits
     quantized_bytes: int = 0        # ... and their bytes as stored (packed NF4 plus quantisation constants)
+    #: the module's registered buffers (attention-mask tables, rotary caches; not parameters): floating-point elements,
+    #: which take the weights' dtype (`model.half()` and `.to()` cast them), and the bytes of the others (bool masks)
+    float_buffer_elements: int = 0
+    other_buffer_bytes: int = 0
 
     @property
     def frozen_parameters(self) -> int:
