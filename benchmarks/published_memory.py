@@ -5,11 +5,15 @@ for torchtitan's Llama-3.1-8B FSDP2 runs, benchmarks/data/memory_calibration.jso
 the metric the row reports: `peak_allocated` for torch.cuda.max_memory_allocated, `peak_reserved` for
 max_memory_reserved, `peak_process` (what nvidia-smi shows) for process totals. Rows the planner cannot reproduce are
 listed with the reason (image models: the trace builds token inputs; LoRA/QLoRA rows are for the adapters
-benchmark; rows whose model code differs from HF's are marked approximate).
+benchmark; rows whose model code differs from HF's are marked approximate). Rows of pure fp16 models
+(`model.half()`) are traced with fp16 weights: model code branches on float16 (OPT's eager softmax upcast).
 
-Eager OPT rows ran a transformers release whose attention kept one more score matrix per layer than the installed
-code (`RELEASE_CLAMP_MODELS`): the report adds that difference, computed from the source, on a line of its own; the
-summary lines are the installed code's predictions.
+The transformers docs' SDPA tables were measured with the transformers release that first shipped each model's SDPA
+code (`MEASURED_RELEASES`), whose model code differs from the installed one. Besides the installed code's prediction,
+each of those rows is traced with its own release: the benchmark installs it from the package index into trainplan's
+cache ($TRAINPLAN_CACHE/transformers-releases, once; `--no-releases` skips this) and runs the same planner with it in
+a subprocess. The summary lines name which code they are for. The measurements' torch versions (2.2 and 2.4) are not
+reproduced.
 
 The maintainers' held-out tables (the HF docs' bert-large V100 table and torchtune's README table) are not here.
 
@@ -19,14 +23,27 @@ Run:  HF_HUB_OFFLINE=1 python benchmarks/published_memory.py [--out benchmarks/r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 from planner import estimate_memory
+from planner.cache import cache_dir
+from planner.memory.estimate import Evaluation
 
-DATA = Path(__file__).resolve().parent / "data"
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+#: where the measured transformers releases are installed: trainplan's cache (planner/cache.py), not the repository
+RELEASES_DIR = cache_dir("transformers-releases")
+#: row id prefix -> the transformers release the table was measured with: the first release that ships the model's
+#: SDPA attention, which the table's PR added (checked in the releases' wheels: OPTSdpaAttention is absent from
+#: 4.45.2 and present in 4.46.3, GPTNeoXSdpaAttention absent from 4.41.2 and present in 4.42.4, BertSdpaSelfAttention
+#: absent from 4.40.2 and present in 4.41.2)
+MEASURED_RELEASES = {"hfdoc-opt350m-": "4.46.3", "hfdoc-pythia410m-": "4.42.4", "hfdoc-bertbase-": "4.41.2"}
 #: published GPU text -> the catalog entry with the same architecture (what decides kernels and overheads)
 GPUS = {"L40S": "L40S-48GB", "rtx3080ti": "RTX3090-24GB", "A100": "A100-80GB", "H100": "H100-80GB"}
 #: published precision -> ours: pure fp16 weights have bf16-true's bytes
@@ -64,32 +81,76 @@ def model_of(row: dict):
 
 
 def predict(row: dict):
-    fwd_bwd_only = "fwd+bwd only" in row.get("step_scope", "")
-    attention = "eager" if row.get("attention", "").startswith("eager") else "sdpa"
-    est = estimate_memory(model_of(row), micro_batch=row["micro_batch"], seq_len=row["seq_len"],
-                          precision=PRECISIONS[row["precision"]],
-                          optimizer="sgd" if fwd_bwd_only else _optimizer(row), attention=attention,
-                          checkpointing=row.get("checkpointing", "none"), grad_accum=row.get("grad_accum", 1),
-                          gpu=gpu_of(row["gpu"]), objective="sum" if fwd_bwd_only else "labels")
-    return est
-
-
-#: Eager OPT attention of the releases these rows measured (transformers up to 4.4x) clamps its scores,
-#: `attn_weights = torch.max(attn_weights, torch.tensor(torch.finfo(attn_weights.dtype).min))`
-#: (transformers/models/opt/modeling_opt.py line 205 in 4.41.2, line 191 in 4.44.2), and `maximum` keeps its 16-bit
-#: input for the backward: one heads x s x s score matrix per layer that the installed release (no clamp) does not
-#: keep. The trace runs the installed code; `release_extra` is that difference, from the source, for the report.
-RELEASE_CLAMP_MODELS = ("facebook/opt-",)
-
-
-def release_extra(row: dict) -> int:
-    """Bytes the measured release's model code keeps beyond the installed one's (0 where none is known)."""
-    if not row["model"].startswith(RELEASE_CLAMP_MODELS) or not row.get("attention", "").startswith("eager"):
-        return 0
+    """The row's configuration through estimate_memory's path; pure fp16 models are traced with fp16 weights."""
+    from planner.config import Config
+    from planner.hardware import lookup_gpu
     from planner.models import resolve_model
 
-    spec = resolve_model(model_of(row)).spec
-    return spec.layers * row["micro_batch"] * spec.heads * row["seq_len"] ** 2 * 2
+    fwd_bwd_only = "fwd+bwd only" in row.get("step_scope", "")
+    attention = "eager" if row.get("attention", "").startswith("eager") else "sdpa"
+    if row["precision"] != "fp16-true":
+        return estimate_memory(model_of(row), micro_batch=row["micro_batch"], seq_len=row["seq_len"],
+                               precision=PRECISIONS[row["precision"]],
+                               optimizer="sgd" if fwd_bwd_only else _optimizer(row), attention=attention,
+                               checkpointing=row.get("checkpointing", "none"), grad_accum=row.get("grad_accum", 1),
+                               gpu=gpu_of(row["gpu"]), objective="sum" if fwd_bwd_only else "labels")
+    resolved = resolve_model(model_of(row))
+    cfg = Config.of(micro_batch=row["micro_batch"], grad_accum=row.get("grad_accum", 1), world_size=1,
+                    precision="bf16-true", checkpointing=row.get("checkpointing", "none"), zero_stage=0,
+                    offload="none", engine=None)
+    evaluation = Fp16Weights(resolved, seq_len=row["seq_len"], optimizer="sgd" if fwd_bwd_only else _optimizer(row),
+                             attention=attention, gpus_per_node=1, device="cuda", gpu=lookup_gpu(gpu_of(row["gpu"])),
+                             objective="sum" if fwd_bwd_only else "labels")
+    return evaluation.estimate(cfg, "auto")
+
+
+class Fp16Weights(Evaluation):
+    """bf16-true's bytes with fp16 weights: the program `model.half()` runs."""
+
+    def trace_request(self, cfg):
+        return dataclasses.replace(super().trace_request(cfg), half_dtype="float16")
+
+
+def measured_release(row: dict) -> str | None:
+    return next((release for prefix, release in MEASURED_RELEASES.items() if row["id"].startswith(prefix)), None)
+
+
+def install_release(release: str) -> Path:
+    """transformers `release` and the dependencies it pins, installed once under RELEASES_DIR (pip, no shell)."""
+    target = RELEASES_DIR / f"transformers-{release}"
+    done = target / ".complete"
+    if not done.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "--no-compile", "--target", str(target), "--upgrade", f"transformers=={release}"],
+                       check=True, capture_output=True, text=True, timeout=900)
+        done.write_text(release + "\n")
+    return target
+
+
+def release_predictions(rows: list[dict], release: str) -> dict[str, dict]:
+    """Each row's prediction with transformers `release` (installed by `install_release`), from a subprocess that
+    imports it first: {row id: {"predicted", "method", "transformers"}}."""
+    target = install_release(release)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(HERE.parent)]), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_VERBOSITY": "error"}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", *(r["id"] for r in rows)],
+                          check=True, capture_output=True, text=True, env=env, cwd=str(HERE.parent), timeout=3600)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def worker(ids: list[str]) -> int:
+    """`--worker`: predict the rows `ids` with whatever transformers this interpreter imports, as one JSON line."""
+    import transformers
+
+    wanted = set(ids)
+    out = {}
+    for row in json.loads((DATA / "published_memory.json").read_text())["cases"]:
+        if row["id"] in wanted:
+            est = predict(row)
+            out[row["id"]] = {"predicted": getattr(est, METRICS[row["metric"]]), "method": est.method,
+                              "transformers": transformers.__version__}
+    print(json.dumps(out))
+    return 0
 
 
 def activation_error(est, measured: float, predicted: float) -> dict:
@@ -121,8 +182,10 @@ def torchtitan_rows() -> list[dict]:
     return out
 
 
-def run() -> tuple[list[dict], list[dict]]:
-    rows, skipped = [], []
+def run(releases: bool = True) -> tuple[list[dict], list[dict], list[str]]:
+    """Rows with the installed code's prediction and, where `releases`, their measured release's; the skipped rows;
+    the releases that could not be traced, with why."""
+    rows, skipped, cases = [], [], {}
     for row in json.loads((DATA / "published_memory.json").read_text())["cases"]:
         reason = skip_reason(row)
         if reason:
@@ -131,51 +194,100 @@ def run() -> tuple[list[dict], list[dict]]:
         measured = row["value"] * UNITS[row["unit"]]
         est = predict(row)
         predicted = getattr(est, METRICS[row["metric"]])
-        extra = release_extra(row)
+        cases[row["id"]] = row
         rows.append({"id": row["id"], "metric": row["metric"], "measured": measured, "predicted": predicted,
                      "error": predicted / measured - 1, "approximate": "LLMs-from-scratch" in row["source"],
-                     "covered_with_margin": predicted + est.margin >= measured,
-                     **activation_error(est, measured, predicted),
-                     **({"release_extra": extra, "error_with_release_code": (predicted + extra) / measured - 1}
-                        if extra else {})})
-    return rows + torchtitan_rows(), skipped
+                     "margin": est.margin, "covered_with_margin": predicted + est.margin >= measured,
+                     **activation_error(est, measured, predicted)})
+    failed = _add_release_predictions(rows, cases) if releases else []
+    return rows + torchtitan_rows(), skipped, failed
 
 
-def summary(rows: list[dict]) -> dict:
-    errors = [r["error"] for r in rows]
+def _add_release_predictions(rows: list[dict], cases: dict[str, dict]) -> list[str]:
+    by_release: dict[str, list[dict]] = {}
+    for r in rows:
+        release = measured_release(cases[r["id"]])
+        if release:
+            by_release.setdefault(release, []).append(r)
+    failed = []
+    for release, group in sorted(by_release.items()):
+        try:
+            found = release_predictions([cases[r["id"]] for r in group], release)
+        except (subprocess.SubprocessError, OSError, ValueError) as err:
+            detail = getattr(err, "stderr", "") or str(err)
+            failed.append(f"transformers {release}: {detail.strip().splitlines()[-1] if detail.strip() else err}")
+            continue
+        untraced = 0
+        for r in group:
+            got = found[r["id"]]
+            if got["method"] != "trace":  # the formulas are no test of the release's code
+                untraced += 1
+                continue
+            r.update(release=got["transformers"], release_predicted=got["predicted"],
+                     release_error=got["predicted"] / r["measured"] - 1)
+        if untraced:
+            failed.append(f"transformers {release}: {untraced} of {len(group)} rows could not be traced with it")
+    return failed
+
+
+def summary(rows: list[dict], key: str = "error") -> dict:
+    """Errors of `key` ("error": the installed code; "measured_code": the measured release where traced)."""
+    errors = [r.get("release_error", r["error"]) if key == "measured_code" else r[key] for r in rows]
+    covered = [r.get("release_predicted", r["predicted"]) + r["margin"] >= r["measured"] if key == "measured_code"
+               else r.get("covered_with_margin", True) for r in rows if "margin" in r]
     return {"rows": len(rows), "median_abs_error": statistics.median(abs(e) for e in errors),
             "worst_abs_error": max(abs(e) for e in errors), "under_predicted": sum(e < 0 for e in errors),
             "under_by_more_than_3pct": sum(e < -0.03 for e in errors),
-            "not_covered_with_margin": sum(not r.get("covered_with_margin", True) for r in rows)}
+            "not_covered_with_margin": sum(not c for c in covered)}
+
+
+def _line(name: str, s: dict) -> str:
+    return (f"{name}: {s['rows']} rows, median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
+            f"{s['under_predicted']} under-predicted ({s['under_by_more_than_3pct']} by more than 3%); "
+            f"{s['not_covered_with_margin']} above the prediction plus its error margin")
+
+
+def report(rows: list[dict]) -> dict:
+    import transformers
+
+    installed = transformers.__version__
+    exact = [r for r in rows if not r["approximate"]]
+    result = {f"all (transformers {installed})": summary(rows),
+              f"exact_model_code (transformers {installed})": summary(exact)}
+    if any("release_error" in r for r in rows):
+        result["exact_model_code (each table's measured release where traced)"] = summary(exact, "measured_code")
+        for release in sorted({r["release"] for r in rows if "release" in r}):
+            group = [r for r in rows if r.get("release") == release]
+            result[f"rows measured with transformers {release}, traced with it"] = summary(group, "measured_code")
+            result[f"rows measured with transformers {release}, traced with {installed}"] = summary(group)
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write rows and summary as JSON")
+    parser.add_argument("--no-releases", action="store_true",
+                        help="skip tracing rows with the transformers release they were measured with")
+    parser.add_argument("--worker", nargs="+", metavar="ROW_ID", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows, skipped = run()
+    if args.worker:
+        return worker(args.worker)
+    rows, skipped, failed = run(releases=not args.no_releases)
     for r in rows:
+        release = (f"  with {r['release']}: {r['release_predicted'] / 2**30:6.2f} GiB {r['release_error']:+7.1%}"
+                   if "release" in r else "")
         print(f"{r['id']:44s} {r['metric']:22s} measured {r['measured'] / 2**30:7.2f} GiB  predicted "
-              f"{r['predicted'] / 2**30:7.2f} GiB  {r['error']:+7.1%}{'  (approximate)' if r['approximate'] else ''}")
-    result = {"all": summary(rows), "exact_model_code": summary([r for r in rows if not r["approximate"]])}
+              f"{r['predicted'] / 2**30:7.2f} GiB  {r['error']:+7.1%}{'  (approximate)' if r['approximate'] else ''}"
+              f"{release}")
+    result = report(rows)
     for name, s in result.items():
-        print(f"{name}: {s['rows']} rows, median |error| {s['median_abs_error']:.1%}, "
-              f"worst {s['worst_abs_error']:.1%}, "
-              f"{s['under_predicted']} under-predicted ({s['under_by_more_than_3pct']} by more than 3%); "
-              f"{s['not_covered_with_margin']} above the prediction plus its error margin")
-    released = [r for r in rows if "release_extra" in r]
-    if released:
-        with_code = [abs(r["error_with_release_code"]) for r in released]
-        result["with_release_code"] = {"rows": len(released), "median_abs_error": statistics.median(with_code),
-                                       "worst_abs_error": max(with_code),
-                                       "median_abs_error_without": statistics.median(abs(r["error"]) for r in released)}
-        print(f"eager OPT rows, the measured release's score clamp added (RELEASE_CLAMP_MODELS): {len(released)} rows,"
-              " "
-              f"median |error| {statistics.median(with_code):.1%} (without it "
-              f"{result['with_release_code']['median_abs_error_without']:.1%}), worst {max(with_code):.1%}")
+        print(_line(name, s))
+    for problem in failed:
+        print(f"not traced with its measured release: {problem}")
     print(f"skipped {len(skipped)} rows: " + ", ".join(sorted({s['reason'] for s in skipped})))
     if args.out:
-        Path(args.out).write_text(json.dumps({"summary": result, "rows": rows, "skipped": skipped}, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"summary": result, "rows": rows, "skipped": skipped,
+                                              "releases_not_traced": failed}, indent=1) + "\n")
     return 0
 
 
