@@ -321,3 +321,25 @@ def test_auto_searches_fp16_mixed_only_where_bf16_cannot_run(gpu, searched):
 
     assert _precisions("auto", lookup_gpu(gpu), "sdpa") == searched
     assert _precisions("fp16-mixed", lookup_gpu(gpu), "sdpa") == ("fp16-mixed",)
+
+
+def test_plan_output_does_not_depend_on_string_hashing(tmp_path):
+    """Two interpreters with different hash seeds (and trace caches) write the same plan JSON, to the last digit: no
+    sum iterates a set of strings (planner/memory/profile.py `extrapolated` once did)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ("import json, transformers, planner\n"
+              "config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=160, "
+              "num_attention_heads=4, num_key_value_heads=2, vocab_size=500, architectures=['LlamaForCausalLM'])\n"
+              "print(json.dumps(planner.plan(config, 64, gpu='H100-80GB', seq_len=256, detect=False).to_json(), "
+              "sort_keys=True))\n")
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "TRAINPLAN_CACHE": str(tmp_path / seed), "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                              check=True)
+        outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert outputs[0] == outputs[1]

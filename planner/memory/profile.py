@@ -96,7 +96,7 @@ class Profile:
 
         def mix_dict(a: dict, b: dict):
             out = {}
-            for key in set(a) | set(b):
+            for key in sorted(set(a) | set(b)):  # a fixed order: float sums do not depend on string hashing
                 va, vb = a.get(key), b.get(key)
                 if isinstance(va or vb, list):
                     va, vb = va or [0.0] * len(vb), vb or [0.0] * len(va)
