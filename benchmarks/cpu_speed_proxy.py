@@ -91,7 +91,7 @@ def cpu_model(rates: dict):
               intra_node_link="none", intra_node_bandwidth_GBps=1.0, source="benchmarks/cpu_speed_proxy.py")
     eff = efficiency("H100-80GB").model_copy(update=dict(
         gpu=gpu.name, sm_count=1, matmul={k: 1.0 for k in efficiency("H100-80GB").matmul}, misaligned=1.0,
-        hbm=1.0, launch_us=0.0, dispatch_us=rates["eager_dispatch_us"],
+        misaligned_align2=1.0, hbm=1.0, launch_us=0.0, dispatch_us=rates["eager_dispatch_us"],
         engine_dispatch_us=rates["engine_dispatch_us"], python_op_us=rates["python_op_us"],
         cpp_op_us=rates["python_op_us"], module_call_us=rates["module_call_us"], checkpoint_block_us=0.0,
         attention=1.0, tiles=((256, 128),)))

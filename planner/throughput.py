@@ -136,11 +136,25 @@ def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> 
 
 def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> float:
     """A large GEMM's fraction of peak. A 16-bit GEMM with a dimension that is not a multiple of 8 elements (16
-    bytes: NVIDIA's Matrix Multiplication Background guide, 'Tensor Core Requirements') runs cuBLAS's align1/align2
-    kernels at the measured `misaligned` rate (GPT-2's 50257-token LM head on H100: efficiency.json)."""
-    if elem_bytes == 2 and any(int(round(d)) % 8 for d in (m, n, k)):
-        return eff.misaligned
+    bytes: NVIDIA's Matrix Multiplication Background guide, 'Tensor Core Requirements') runs cuBLAS's narrower-load
+    kernels, at the rate measured for their alignment (efficiency.json, benchmarks/derive_misaligned.py): an odd
+    dimension the align1 kernels of GPT-2's 50257-token LM head, an even one the align2 kernels of BERT's 30522."""
+    alignment = min(_alignment(int(round(d))) for d in (m, n, k))
+    if elem_bytes == 2 and alignment < TENSOR_CORE_ALIGNMENT:
+        return eff.misaligned if alignment == 1 else eff.misaligned_align2
     return eff.matmul[dtype]
+
+
+#: Elements a 16-bit GEMM dimension must be a multiple of for cuBLAS's full-width tensor-core kernels.
+TENSOR_CORE_ALIGNMENT = 8
+
+
+def _alignment(dim: int) -> int:
+    """The largest power of two up to TENSOR_CORE_ALIGNMENT that divides `dim`."""
+    alignment = 1
+    while alignment < TENSOR_CORE_ALIGNMENT and dim % (2 * alignment) == 0:
+        alignment *= 2
+    return alignment
 
 
 def gemm_seconds(b, m, n, k, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: int) -> float:

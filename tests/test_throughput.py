@@ -180,3 +180,15 @@ def test_a_collective_across_nodes_reproduces_the_measured_nccl_bus_bandwidth():
     # across nodes only the other nodes' share enters a node, through all of its NICs: far less than the whole
     # (W-1)/W through each GPU's one NIC
     assert T.ring_seconds(size, 32, 8, gpu, eff) < 0.2 * (31 / 32 * size / (eff.nic_GBps * 1e9))
+
+
+@pytest.mark.parametrize("dims, rate", [((4096, 50257, 768), "misaligned"), ((4096, 30522, 1024), "misaligned_align2"),
+                                        ((4096, 1020, 1024), "misaligned_align2"), ((4096, 1024, 4096), "aligned")])
+def test_16_bit_gemm_rate_follows_the_alignment_of_its_dimensions(dims, rate):
+    """cuBLAS runs align1 kernels for an odd dimension (GPT-2's vocabulary), align2/align4 ones for an even dimension
+    that is not a multiple of 8 (BERT's), full-width ones otherwise; fp32 has no such rule."""
+    eff = efficiency("H100-80GB")
+    expected = eff.matmul["bf16"] if rate == "aligned" else getattr(eff, rate)
+    assert T.gemm_fraction(*dims, "bf16", eff, 2) == expected
+    assert T.gemm_fraction(*dims, "fp32", eff, 4) == eff.matmul["fp32"]
+    assert eff.misaligned < eff.misaligned_align2 < eff.matmul["bf16"]

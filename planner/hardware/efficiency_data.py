@@ -26,7 +26,8 @@ class Efficiency(BaseModel):
     gpu: str
     sm_count: int
     matmul: dict[str, float]          # compute dtype (bf16 | fp16 | tf32 | fp32) -> achievable fraction of peak
-    misaligned: float                 # a 16-bit GEMM's fraction of peak with a dimension not a multiple of 8
+    misaligned: float                 # a 16-bit GEMM's fraction of peak with an odd dimension (align1 kernels)
+    misaligned_align2: float          # ... with even dimensions, not all multiples of 8 (align2 / align4 kernels)
     hbm: float                        # achievable fraction of HBM bandwidth
     launch_us: float                  # GPU-side cost of one back-to-back kernel
     dispatch_us: float                # CPU-side cost of one eager op that launches a kernel, issued from Python
@@ -73,6 +74,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
     return Efficiency(
         gpu=name, sm_count=int(_value(data, "sm_count")), matmul=matmul,
         misaligned=_value(data, "matmul_misaligned") or _value(defaults, "matmul_misaligned"),
+        misaligned_align2=_value(data, "matmul_misaligned_align2") or _value(defaults, "matmul_misaligned_align2"),
         hbm=_value(data, "hbm") or _value(defaults, "hbm"),
         launch_us=overhead("gpu_side_us"),
         dispatch_us=overhead("eager_dispatch_us"), engine_dispatch_us=overhead("engine_dispatch_us"),
