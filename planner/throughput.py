@@ -201,7 +201,11 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     run at the precision's 16-bit peak. Each of `checkpointed_blocks` adds its measured host cost beyond the
     recomputed ops (`Efficiency.checkpoint_block_us`). With `tp`-way tensor parallelism every GEMM and attention
     kernel does 1/tp of the work on each GPU and the other kernels move `tp_share` of their bytes (the replicated
-    norms and residual stay whole); the host still issues every kernel."""
+    norms and residual stay whole); the host still issues every kernel. A memory-bound kernel takes its streaming
+    time plus its fixed cost (`Efficiency.launch_us`: launch, ramp-up and tail, the per-kernel floor of a queue of
+    tiny kernels), the latency-bandwidth form: a max of the two, as torchao's roofline takes
+    (torchao/testing/training/roofline_utils.py `get_tensor_memory_traffic_ovhd_s`), leaves the mid-sized kernels
+    of small HF steps without the cost they pay on top of their bytes."""
     gpu_s = 0.0
     for count, dims, dtype, _phase, scaled in profile.gemms():
         dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
@@ -212,8 +216,8 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
         peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
         moved = scaled * scale + fixed
         gpu_s += max(fl * scale / peak / tp, moved / bandwidth(gpu, eff) / tp, count * eff.launch_us * 1e-6)
-    for scaled, fixed, count in profile.memory.values():
-        gpu_s += max((scaled * scale + fixed) * tp_share / bandwidth(gpu, eff), count * eff.launch_us * 1e-6)
+    for scaled, fixed, count in profile.memory.values():  # streaming time plus each kernel's fixed cost
+        gpu_s += (scaled * scale + fixed) * tp_share / bandwidth(gpu, eff) + count * eff.launch_us * 1e-6
     cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
     return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
 
