@@ -24,10 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.config import Config
+from planner.config import FP32_BYTES, Config
 from planner.vocab import FSDP, NO_CHECKPOINTING, NO_OFFLOAD, OFFLOAD, OPTIMIZER
-
-FP32_BYTES = 4
 
 #: DeepSpeed mixed precision: fp32 master weights (4) and the fp32 gradient partition (4) the optimizer
 #: steps on, held by the ZeRO optimizer next to the Adam states (deepspeed/runtime/zero/stage_1_and_2.py, the
