@@ -243,7 +243,13 @@ def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch
             assert transformers.PreTrainedModel.warn_if_padding_and_no_attention_mask(None, fake, None) is None
             assert AttentionMaskConverter._ignore_causal_mask_sdpa(fake, fake, 0) is True
             assert AttentionMaskConverter._ignore_causal_mask_sdpa(real, fake, 0) is False
+            # transformers 4.46 calls it by keyword (modeling_attn_mask_utils.py `_prepare_4d_causal_..._for_sdpa`)
+            assert AttentionMaskConverter._ignore_causal_mask_sdpa(attention_mask=fake, inputs_embeds=fake,
+                                                                   past_key_values_length=0) is True
+            assert AttentionMaskConverter._ignore_causal_mask_sdpa(attention_mask=real, inputs_embeds=fake,
+                                                                   past_key_values_length=0) is False
             assert model_module._prepare_4d_attention_mask_for_sdpa(fake, torch.float16) is None
+            assert model_module._prepare_4d_attention_mask_for_sdpa(mask=fake, dtype=torch.float16) is None
             assert model_module._prepare_4d_attention_mask_for_sdpa(real, torch.float16) == "expanded"
     assert model_module._prepare_4d_attention_mask_for_sdpa is expand and legacy._prepare_4d_attention_mask_for_sdpa \
         is expand

@@ -330,19 +330,11 @@ def _real_mask_decisions():
         masking_utils = None
     for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
         original = getattr(masking_utils, name, None)
-        if original is None:
-            continue
-
-        def without_fake_padding(padding_mask, *args, _original=original, **kwargs):
-            return _original(None if isinstance(padding_mask, fake) else padding_mask, *args, **kwargs)
-
-        patch(masking_utils, name, without_fake_padding)
+        if original is not None:  # a fake padding mask is taken as none: our batches are not padded
+            patch(masking_utils, name, _fake_as_none(original, "padding_mask", fake))
     packed = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if packed is not None:
-        def not_packed(position_ids, *args, _original=packed, **kwargs):
-            return None if isinstance(position_ids, fake) else _original(position_ids, *args, **kwargs)
-
-        patch(masking_utils, "find_packed_sequence_indices", not_packed)
+    if packed is not None:  # fake position ids: not packed
+        patch(masking_utils, "find_packed_sequence_indices", _none_when_fake(packed, "position_ids", fake))
     _patch_legacy_mask_utils(patch, fake)
     try:
         yield
@@ -378,6 +370,33 @@ def _real_scalar_draws(mode):
         torch.rand = original
 
 
+def _argument(name: str, args: tuple, kwargs: dict):
+    """The value of parameter `name`, the function's first, whether passed by keyword or by position."""
+    return kwargs[name] if name in kwargs else (args[0] if args else None)
+
+
+def _fake_as_none(original, name: str, fake):
+    """`original` with its first parameter `name` taken as None when it is fake (a mask check answered as for no
+    mask). transformers passes it by position in some places and by keyword in others."""
+    def wrapper(*args, **kwargs):
+        if isinstance(_argument(name, args, kwargs), fake):
+            if name in kwargs:
+                kwargs[name] = None
+            else:
+                args = (None, *args[1:])
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _none_when_fake(original, name: str, fake):
+    """`original`, answering None without being called when its first parameter `name` is fake."""
+    def wrapper(*args, **kwargs):
+        return None if isinstance(_argument(name, args, kwargs), fake) else original(*args, **kwargs)
+
+    return wrapper
+
+
 def _patch_legacy_mask_utils(patch, fake) -> None:
     """transformers 4.x's `modeling_attn_mask_utils` checks, answered as for a real all-ones mask. Model modules
     import `_prepare_4d_attention_mask_for_sdpa` by name, so each loaded one is patched where it holds it. The
@@ -398,17 +417,10 @@ def _patch_legacy_mask_utils(patch, fake) -> None:
     except ImportError:  # transformers 5 removed it
         return
     converter = legacy.AttentionMaskConverter
-    ignore = converter._ignore_causal_mask_sdpa
-
-    def ignore_without_fake_padding(attention_mask, *args, **kwargs):
-        return ignore(None if isinstance(attention_mask, fake) else attention_mask, *args, **kwargs)
-
-    patch(converter, "_ignore_causal_mask_sdpa", staticmethod(ignore_without_fake_padding))
+    ignore = _fake_as_none(converter._ignore_causal_mask_sdpa, "attention_mask", fake)
+    patch(converter, "_ignore_causal_mask_sdpa", staticmethod(ignore))
     expand = legacy._prepare_4d_attention_mask_for_sdpa
-
-    def all_ones_when_fake(mask, *args, **kwargs):
-        return None if isinstance(mask, fake) else expand(mask, *args, **kwargs)
-
+    all_ones_when_fake = _none_when_fake(expand, "mask", fake)  # an all-ones mask expands to none
     for name, module in list(sys.modules.items()):
         if (name == legacy.__name__ or name.startswith("transformers.models.")) and \
                 getattr(module, "_prepare_4d_attention_mask_for_sdpa", None) is expand:
