@@ -340,8 +340,8 @@ def _without_loss_scaling_twins(precisions: tuple[str, ...]) -> tuple[str, ...]:
     planned."""
     def twin(p: str, q: str) -> bool:
         a, b = PRECISION[p], PRECISION[q]
-        return q != p and not b.loss_scaling and (a.weight_bytes, a.autocast is None) == (b.weight_bytes,
-                                                                                       b.autocast is None)
+        same_program = a.weight_bytes == b.weight_bytes and (a.autocast is None) == (b.autocast is None)
+        return q != p and same_program and not b.loss_scaling
 
     return tuple(p for p in precisions if not (PRECISION[p].loss_scaling and any(twin(p, q) for q in precisions)))
 
