@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from planner.memory.forked import usable_cores
+
 FLOOR = ("import torch, transformers, accelerate; from transformers import LlamaForCausalLM; "
          "import transformers.models.llama.modeling_llama")
 PLAN = ["--model", "meta-llama/Llama-3.1-70B", "--batch", "512", "--gpu", "H100-80GB", "--gpus-per-node", "8",
@@ -49,7 +51,7 @@ def main() -> None:
         floors.append(timed([sys.executable, "-c", FLOOR], env))
         print(f"run {run + 1}/{args.runs}: plan {plans[-1]:.2f} s, floor {floors[-1]:.2f} s", file=sys.stderr)
     plan, floor = statistics.median(plans), statistics.median(floors)
-    result = {"command": "plan " + " ".join(PLAN), "cores": len(os.sched_getaffinity(0)),
+    result = {"command": "plan " + " ".join(PLAN), "cores": usable_cores(),
               "trace_workers": args.workers, "plan_s": plans, "floor_s": floors, "plan_median_s": plan,
               "floor_median_s": floor, "ratio": plan / floor}
     print(f"plan {plan:.2f} s / import floor {floor:.2f} s = {plan / floor:.2f}x (median of {args.runs}; budget 2x)")

@@ -87,20 +87,17 @@ def predict(row: dict):
     from planner.models import resolve_model
 
     fwd_bwd_only = "fwd+bwd only" in row.get("step_scope", "")
-    attention = "eager" if row.get("attention", "").startswith("eager") else "sdpa"
+    step = {"optimizer": "sgd" if fwd_bwd_only else _optimizer(row), "objective": "sum" if fwd_bwd_only else "labels",
+            "attention": "eager" if row.get("attention", "").startswith("eager") else "sdpa"}
+    shape = {"micro_batch": row["micro_batch"], "grad_accum": row.get("grad_accum", 1),
+             "checkpointing": row.get("checkpointing", "none")}
     if row["precision"] != "fp16-true":
-        return estimate_memory(model_of(row), micro_batch=row["micro_batch"], seq_len=row["seq_len"],
-                               precision=PRECISIONS[row["precision"]],
-                               optimizer="sgd" if fwd_bwd_only else _optimizer(row), attention=attention,
-                               checkpointing=row.get("checkpointing", "none"), grad_accum=row.get("grad_accum", 1),
-                               gpu=gpu_of(row["gpu"]), objective="sum" if fwd_bwd_only else "labels")
-    resolved = resolve_model(model_of(row))
-    cfg = Config.of(micro_batch=row["micro_batch"], grad_accum=row.get("grad_accum", 1), world_size=1,
-                    precision="bf16-true", checkpointing=row.get("checkpointing", "none"), zero_stage=0,
-                    offload="none", engine=None)
-    evaluation = Fp16Weights(resolved, seq_len=row["seq_len"], optimizer="sgd" if fwd_bwd_only else _optimizer(row),
-                             attention=attention, gpus_per_node=1, device="cuda", gpu=lookup_gpu(gpu_of(row["gpu"])),
-                             objective="sum" if fwd_bwd_only else "labels")
+        return estimate_memory(model_of(row), seq_len=row["seq_len"], precision=PRECISIONS[row["precision"]],
+                               gpu=gpu_of(row["gpu"]), **step, **shape)
+    cfg = Config.of(world_size=1, precision=PRECISIONS[row["precision"]], zero_stage=0, offload="none", engine=None,
+                    **shape)
+    evaluation = Fp16Weights(resolve_model(model_of(row)), seq_len=row["seq_len"], gpus_per_node=1, device="cuda",
+                             gpu=lookup_gpu(gpu_of(row["gpu"])), **step)
     return evaluation.estimate(cfg, "auto")
 
 

@@ -5,9 +5,10 @@ Two sets of published rows, both in benchmarks/data with each row's source:
 - hf_throughput.json: Hugging Face model code (transformers docs, HF blog posts, stas00's ml-engineering runs, ...),
   the code our users run. The model is the bundled preset of the row's hub id, with the row's head.
 - throughput_calibration.json: optimised stacks (llm-foundry, torchtitan, IBM FSDP, ...). Their fused kernels run
-  faster than HF code, so a model of HF code would sit below them; the row's shapes are rebuilt as a transformers config
-  (MPT as GPT-2 blocks of the same shapes with MPT's defaults, no dropout and the exact GELU; OLMo as Llama). llm-foundry's micro-batch / checkpointing sweeps also
-  give a ranking check: Kendall's tau of predicted vs measured order inside each sweep.
+  faster than HF code, so a model of HF code would sit below them; the row's shapes are rebuilt as a transformers
+  config (MPT as GPT-2 blocks of the same shapes with MPT's defaults, no dropout and the exact GELU; OLMo as Llama).
+  llm-foundry's micro-batch / checkpointing sweeps also give a ranking check: Kendall's tau of predicted vs measured
+  order inside each sweep.
 
 No constant of the speed model is fitted to any of these rows: the efficiencies are per-GPU microbenchmark figures
 or steps we measured ourselves on a lent H100 (planner/hardware/efficiency.json, each sourced; the host cost of a
