@@ -171,13 +171,17 @@ class Config(BaseModel):
         saving them, but a checkpointed block saves only its input either way (planner/memory/compiled.py)."""
         return self.compiled and not CHECKPOINTING[self.checkpointing].enabled
 
+    def precision_family(self) -> str:
+        """The precision with fp16 and bf16 autocast as one ("mixed"): they have the same bytes and speed (on the
+        lent H100, BLOOM-560m's fp16-mixed and bf16-mixed steps measured within 3 % of each other,
+        benchmarks/data/gpu_measured_h100.json)."""
+        return "mixed" if PRECISION[self.precision].autocast else self.precision
+
     def family(self) -> tuple:
-        """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one: they have the
-        same bytes and speed, so views, probes and probe calibration treat them as one family."""
-        info = PRECISION[self.precision]
-        precision = "mixed" if info.autocast else self.precision
+        """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one
+        (`precision_family`), so views, probes and probe calibration treat them as one family."""
         tp = (f"tp{self.tensor_parallel}",) if self.tensor_parallel > 1 else ()
-        return (precision, self.checkpointing, self.zero_stage, self.offload, self.engine) + tp + (
+        return (self.precision_family(), self.checkpointing, self.zero_stage, self.offload, self.engine) + tp + (
             ("compiled",) if self.compiled else ())
 
     @staticmethod

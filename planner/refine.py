@@ -169,20 +169,22 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
     return cand.model_copy(update={"memory": memory, "fits": fits, "reason": reason})
 
 
-def speed_calibration_from(measured: dict) -> SpeedCalibration | None:
-    """Median measured / modelled micro-step and optimizer-step times over the successful probes."""
-    micro, optim = [], []
+def speed_calibrations_from(measured: dict) -> dict[str, SpeedCalibration]:
+    """Per precision family (`Config.precision_family`): the median measured / modelled micro-step and
+    optimizer-step times over its successful probes."""
+    ratios: dict[str, tuple[list[float], list[float]]] = {}
     for cand, result in measured.values():
         parts = cand.throughput.parts if cand.throughput else None
         if result.status != OK or parts is None or parts.compute <= 0 or result.micro_step_s <= 0:
             continue
+        micro, optim = ratios.setdefault(cand.config.precision_family(), ([], []))
         micro.append(result.micro_step_s / (parts.compute / cand.config.grad_accum))
         if parts.optimizer > 0 and result.optimizer_step_s > 0:
             optim.append(result.optimizer_step_s / parts.optimizer)
-    if not micro:
-        return None
-    return SpeedCalibration(micro_step=statistics.median(micro),
-                            optimizer_step=statistics.median(optim) if optim else 1.0, probes=len(micro))
+    return {family: SpeedCalibration(micro_step=statistics.median(micro),
+                                     optimizer_step=statistics.median(optim) if optim else 1.0, probes=len(micro),
+                                     precision=family)
+            for family, (micro, optim) in ratios.items()}
 
 
 def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
@@ -203,7 +205,7 @@ def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
 def _rerank(plan, measured: dict, records: list[ProbeRecord]):
     budget = plan.hardware.budget_bytes
     calibration = calibration_from(measured)
-    speed = speed_calibration_from(measured)
+    speeds = speed_calibrations_from(measured)
     updated = []
     for cand in plan.candidates:
         entry = measured.get(cand.config)
@@ -213,6 +215,7 @@ def _rerank(plan, measured: dict, records: list[ProbeRecord]):
             continue
         if cand.memory is not None and family in calibration and cand.memory.activations > 0:
             cand = _calibrated(cand, calibration[family], budget)
+        speed = speeds.get(cand.config.precision_family())
         updated.append(_recalibrated(cand, speed) if speed else cand)
     probed_ok = [c for c in updated if c.throughput and c.throughput.source.startswith("probe") and c.fits]
     rest = sorted((c for c in updated if c not in probed_ok),
@@ -223,13 +226,17 @@ def _rerank(plan, measured: dict, records: list[ProbeRecord]):
     cached = sum(1 for r in records if r.measurement.cached)
     note = (f"Probes: {len(records)} run ({cached} from cache) in {spent:.0f} s; "
             f"{len(probed_ok)} confirmed by measurement.")
-    if speed:
-        note += (f" Measured/modelled time on this GPU: micro-step x{speed.micro_step:.2f}, optimizer step "
-                 f"x{speed.optimizer_step:.2f} (median of {speed.probes}); unprobed candidates re-timed with it.")
+    for speed in speeds.values():
+        note += (f" Measured/modelled time on this GPU, {speed.precision} precision: micro-step "
+                 f"x{speed.micro_step:.2f}, optimizer step x{speed.optimizer_step:.2f} (median of {speed.probes}); "
+                 f"its unprobed candidates re-timed with it.")
+    if speeds and any(c.config.precision_family() not in speeds for c in updated):
+        note += " Candidates of an unprobed precision keep the model's times."
     table = {Config.family_text(fam): c for fam, c in calibration.items()}
     return plan.model_copy(update={"choice": ranked[0], "candidates": tuple(ranked), "probes": tuple(records),
-                                   "calibration": table, "speed_calibration": speed,
-                                   "notes": plan.notes + (note,)})
+                                   "calibration": table,
+                                   "speed_calibration": speeds.get(ranked[0].config.precision_family()),
+                                   "speed_calibrations": tuple(speeds.values()), "notes": plan.notes + (note,)})
 
 
 def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:

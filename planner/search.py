@@ -129,7 +129,7 @@ def why_empty(space: SearchSpace) -> str:
 class SpeedModel:
     """Modelled speed of candidates: the op profile of the model's traced micro-step (one per checkpointing mode,
     traced once), timed on the GPU with its measured efficiencies (planner/throughput.py). Probes rescale it
-    afterwards (planner/refine.py, `speed_calibration_from`)."""
+    afterwards (planner/refine.py, `speed_calibrations_from`)."""
 
     def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None):
         from planner.hardware.efficiency_data import efficiency_of

@@ -156,14 +156,17 @@ class FamilyCalibration(BaseModel):
 
 
 class SpeedCalibration(BaseModel):
-    """Measured / modelled time of the micro-step and of the optimizer step, over the successful probes on this
-    GPU (their median); unprobed candidates are re-timed with them."""
+    """Measured / modelled time of the micro-step and of the optimizer step, over the successful probes of one
+    precision family (`Config.precision_family`) on this GPU (their median); unprobed candidates of that family are
+    re-timed with them, those of another keep the model's times: a ratio is the GPU's rate for that precision's
+    kernels, and carried across precisions it did worse than no calibration (benchmarks/probe_calibration.py)."""
 
     model_config = ConfigDict(frozen=True)
 
     micro_step: float
     optimizer_step: float
     probes: int
+    precision: str = ""  # the precision family it re-times ("" in plans written before calibration was per family)
 
 
 class Plan(BaseModel):
@@ -183,7 +186,8 @@ class Plan(BaseModel):
     files: tuple[str, ...] = ()
     probes: tuple[ProbeRecord, ...] = ()
     calibration: dict[str, FamilyCalibration] = {}
-    speed_calibration: SpeedCalibration | None = None
+    speed_calibration: SpeedCalibration | None = None  # the choice's precision family's (None: not probed)
+    speed_calibrations: tuple[SpeedCalibration, ...] = ()  # every probed precision family's
 
     def explain(self, width: int = 100) -> str:
         """The plan as `plan` prints it (the choice, why the alternatives lost, the notes), as plain text."""
@@ -217,6 +221,7 @@ class Plan(BaseModel):
             "probes": [p.model_dump(mode="json") for p in self.probes],
             "calibration": {k: v.model_dump() for k, v in self.calibration.items()},
             "speed_calibration": self.speed_calibration.model_dump() if self.speed_calibration else None,
+            "speed_calibrations": [c.model_dump() for c in self.speed_calibrations],
             "files": list(self.files),
         }
 

@@ -139,6 +139,37 @@ def test_probes_calibrate_the_unprobed_candidates_of_their_family(tiny_dir):
     assert p.to_json()["calibration"] == {k: v.model_dump() for k, v in p.calibration.items()}
 
 
+def test_probes_re_time_only_the_candidates_of_their_precision_family(tiny_dir):
+    """A probe's measured/modelled ratio is its precision's: unprobed candidates of that family are re-timed with it,
+    those of another keep the model's time (carried across precisions, a ratio predicted the lent H100's measured
+    steps worse than no calibration: benchmarks/probe_calibration.py)."""
+    def measure(context, cfg, timeout_s):  # mixed-precision steps run 1.5x slower than modelled; others fail
+        if cfg.precision_family() != "mixed":
+            return Measurement(status="error", reason="not measured")
+        cand = next(c for c in base.candidates if c.config == cfg)
+        parts = cand.throughput.parts
+        return Measurement(status="ok", peak_allocated=cand.memory.peak_allocated,
+                           peak_reserved=cand.memory.peak_reserved, micro_step_s=1.5 * parts.compute / cfg.grad_accum,
+                           optimizer_step_s=parts.optimizer, step_time_s=1.5 * parts.compute + parts.optimizer,
+                           tokens_per_s=1.0)
+
+    kw = dict(gpu=A100, seq_len=32, precision="auto", checkpointing="none", zero_stage=0)
+    base = plan(tiny_dir, 16, **kw)
+    assert {c.config.precision for c in base.candidates} >= {"fp32", "bf16-mixed"}
+    p = plan(tiny_dir, 16, measure=measure, **kw)
+    assert [(c.precision, c.micro_step) for c in p.speed_calibrations] == [("mixed", pytest.approx(1.5))]
+    before = {c.config: c.throughput for c in base.candidates}
+    for c in p.candidates:
+        if c.throughput.source == "calibrated":
+            assert c.config.precision_family() == "mixed"
+            assert c.throughput.parts.compute == pytest.approx(1.5 * before[c.config].parts.compute)
+        elif c.config.precision_family() != "mixed":
+            assert c.throughput == before[c.config]
+    assert any(c.throughput.source == "calibrated" for c in p.candidates)
+    assert "unprobed precision keep the model's times" in next(n for n in p.notes if n.startswith("Probes:"))
+    assert p.to_json()["speed_calibrations"] == [c.model_dump() for c in p.speed_calibrations]
+
+
 def test_cli_refuses_probe_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

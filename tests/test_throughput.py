@@ -18,7 +18,7 @@ from planner.memory.profile import (
     ENGINE_KERNELS, MODULE_CALLS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
 )
 from planner.models import resolve_model
-from planner.refine import _recalibrated, speed_calibration_from
+from planner.refine import _recalibrated, speed_calibrations_from
 from planner.search import SpeedModel
 from planner.types import Candidate, Measurement, ThroughputInfo
 
@@ -122,8 +122,8 @@ def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():
     assert step(micro_batch=8) < 2 * step()          # a larger micro-batch uses the GPU better
 
 
-def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model"):
-    cfg = Config(micro_batch=micro_batch, grad_accum=grad_accum, world_size=1, precision="bf16-mixed",
+def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model", precision="bf16-mixed"):
+    cfg = Config(micro_batch=micro_batch, grad_accum=grad_accum, world_size=1, precision=precision,
                  checkpointing="none", zero_stage=0, offload="none")
     parts = T.StepParts(compute=compute, optimizer=optimizer)
     tp = ThroughputInfo(tokens_per_s=1000.0 / (compute + optimizer), samples_per_s=1.0, mfu=0.3,
@@ -134,14 +134,14 @@ def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model"):
 def test_probes_calibrate_the_speed_of_unprobed_candidates():
     probed = _candidate(compute=2.0, optimizer=0.5)  # modelled: 1.0 s per micro-step
     measured = Measurement(status="ok", micro_step_s=1.5, optimizer_step_s=0.25, step_time_s=3.25)
-    calib = speed_calibration_from({probed.config: (probed, measured)})
-    assert (calib.micro_step, calib.optimizer_step, calib.probes) == (1.5, 0.5, 1)
+    calib = speed_calibrations_from({probed.config: (probed, measured)})["mixed"]
+    assert (calib.micro_step, calib.optimizer_step, calib.probes, calib.precision) == (1.5, 0.5, 1, "mixed")
     other = _recalibrated(_candidate(compute=4.0, optimizer=0.5, grad_accum=4), calib)
     assert other.throughput.source == "calibrated"
     assert other.throughput.step_time_s == pytest.approx(4.0 * 1.5 + 0.5 * 0.5)
     assert other.throughput.tokens_per_s == pytest.approx(1000.0 / 4.5 * 4.5 / 6.25)
     failed = Measurement(status="error", reason="boom")
-    assert speed_calibration_from({probed.config: (probed, failed)}) is None
+    assert speed_calibrations_from({probed.config: (probed, failed)}) == {}
 
 
 def test_data_parallel_groups_of_a_tensor_parallel_job_cross_nodes_at_the_nic_rate():
