@@ -5,8 +5,10 @@ A GPU's rates come from efficiency.json; here they are measured first by micro-b
 bf16 matmul FLOP/s, copy bandwidth, the host cost of an eager op, of an op the autograd engine issues, of a view
 and of a module call). On a CPU the host issues and runs every op itself, so a micro-step is the sum of the
 modelled kernel time and dispatch time, not their maximum. The GEMM shape model (wave quantization over SMs) has no
-meaning here: the CPU is one "SM" with one tile. A checkpointed block's extra host cost is a GPU-host measurement
-and is left at 0, so checkpointed cases show what it leaves out. Nothing is fitted to the measured steps.
+meaning here: the CPU is one "SM" with one tile. A checkpointed block's extra host cost is efficiency.json's count of
+Python view ops per block times this CPU's view op; that count was measured on a CPU like this one
+(benchmarks/checkpoint_host_cost.py), so the checkpointed cases are in-sample for it. Nothing is fitted to the
+measured steps.
 
 Run:  HF_HUB_OFFLINE=1 python benchmarks/cpu_speed_proxy.py [--out benchmarks/results/cpu_speed_proxy.json]
 """
@@ -25,6 +27,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_memory_accuracy import CASES, small_configs  # noqa: E402
+from gpu_mechanisms import _cpu_name  # noqa: E402
 
 
 def _best(fn, repeats: int = 5) -> float:
@@ -89,11 +92,14 @@ def cpu_model(rates: dict):
               peak_tflops_fp32=rates["matmul_tflops_float32"], peak_tflops_fp16=rates["matmul_tflops_bfloat16"],
               peak_tflops_bf16=rates["matmul_tflops_bfloat16"], hbm_bandwidth_GBps=rates["copy_GBps"],
               intra_node_link="none", intra_node_bandwidth_GBps=1.0, source="benchmarks/cpu_speed_proxy.py")
-    eff = efficiency("H100-80GB").model_copy(update=dict(
-        gpu=gpu.name, sm_count=1, matmul={k: 1.0 for k in efficiency("H100-80GB").matmul}, misaligned=1.0,
+    base = efficiency("H100-80GB")
+    block_ops = base.checkpoint_block_us / base.python_op_us  # Python view ops per checkpointed block
+    eff = base.model_copy(update=dict(
+        gpu=gpu.name, sm_count=1, matmul={k: 1.0 for k in base.matmul}, misaligned=1.0,
         misaligned_align2=1.0, hbm=1.0, launch_us=0.0, dispatch_us=rates["eager_dispatch_us"],
         engine_dispatch_us=rates["engine_dispatch_us"], python_op_us=rates["python_op_us"],
-        cpp_op_us=rates["python_op_us"], module_call_us=rates["module_call_us"], checkpoint_block_us=0.0,
+        cpp_op_us=rates["python_op_us"], module_call_us=rates["module_call_us"],
+        checkpoint_block_us=block_ops * rates["python_op_us"],
         attention=1.0, tiles=((256, 128),)))
     return gpu, eff
 
@@ -161,10 +167,11 @@ def main() -> int:
     summary = {"median_abs_error": statistics.median(errors), "worst": max((r["error"] for r in rows), key=abs),
                "rows": len(rows), "torch_threads": torch.get_num_threads()}
     print(f"\n{len(rows)} cases: median |error| {summary['median_abs_error']:.1%}, worst {summary['worst']:+.1%} "
-          f"(out-of-sample: only the micro-benchmarked rates above are inputs)")
+          f"(inputs: the micro-benchmarked rates above, and for checkpointed cases the view-op count of a "
+          f"checkpointed block, measured on a CPU like this one)")
     if args.out:
-        Path(args.out).write_text(json.dumps({"torch": torch.__version__, "rates": rates, "summary": summary,
-                                              "rows": rows}, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"torch": torch.__version__, "host": _cpu_name(), "rates": rates,
+                                              "summary": summary, "rows": rows}, indent=1) + "\n")
     return 0
 
 

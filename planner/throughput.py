@@ -198,12 +198,12 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
                checkpointed_blocks: int = 0, tp: int = 1, tp_share: float = 1.0) -> MicroStep:
     """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
     the configuration's own program (weights' dtype, autocast), so its ops carry their real dtypes; 16-bit ops
-    run at the precision's 16-bit peak. Each of `checkpointed_blocks` adds its measured host cost beyond the
-    recomputed ops (`Efficiency.checkpoint_block_us`). With `tp`-way tensor parallelism every GEMM and attention
-    kernel does 1/tp of the work on each GPU and the other kernels move `tp_share` of their bytes (the replicated
-    norms and residual stay whole); the host still issues every kernel. A memory-bound kernel takes its streaming
-    time plus its fixed cost (`Efficiency.launch_us`: launch, ramp-up and tail, the per-kernel floor of a queue of
-    tiny kernels), the latency-bandwidth form: a max of the two, as torchao's roofline takes
+    run at the precision's 16-bit peak. Each of `checkpointed_blocks` adds torch.utils.checkpoint's host
+    bookkeeping beyond the recomputed ops (`Efficiency.checkpoint_block_us`). With `tp`-way tensor parallelism every
+    GEMM and attention kernel does 1/tp of the work on each GPU and the other kernels move `tp_share` of their bytes
+    (the replicated norms and residual stay whole); the host still issues every kernel. A memory-bound kernel takes
+    its streaming time plus its fixed cost (`Efficiency.launch_us`: launch, ramp-up and tail, the per-kernel floor of
+    a queue of tiny kernels), the latency-bandwidth form: a max of the two, as torchao's roofline takes
     (torchao/testing/training/roofline_utils.py `get_tensor_memory_traffic_ovhd_s`), leaves the mid-sized kernels
     of small HF steps without the cost they pay on top of their bytes."""
     gpu_s = 0.0

@@ -105,6 +105,11 @@ def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
     checkpointed = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff, checkpointed_blocks=24)
     assert checkpointed.cpu_s - plain.cpu_s == pytest.approx(24 * eff.checkpoint_block_us * 1e-6)
     assert checkpointed.gpu_s == plain.gpu_s and eff.checkpoint_block_us > 10 * eff.module_call_us
+    # the bookkeeping is so many Python view ops of the host (benchmarks/checkpoint_host_cost.py): a host with a
+    # slower view op pays proportionally more
+    data = json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
+    ops = data["defaults"]["launch_overhead_us"]["checkpoint_block_python_ops"]["value"]
+    assert eff.checkpoint_block_us == pytest.approx(ops * eff.python_op_us)
 
 
 def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():

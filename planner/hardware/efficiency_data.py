@@ -36,6 +36,7 @@ class Efficiency(BaseModel):
     cpp_op_us: float                  # CPU-side cost of a view op issued by the autograd engine
     module_call_us: float             # CPU-side cost of one nn.Module call
     checkpoint_block_us: float        # CPU-side cost of one checkpointed block beyond its recomputed ops
+                                      # (efficiency.json: so many Python view ops of the host)
     attention: float                  # fused attention kernels' fraction of the tensor peak (fwd + bwd)
     nic_GBps: float                   # inter-node bandwidth per GPU, GB/s per direction
     network: str                      # the system that bandwidth is of ("given" where the user gave it)
@@ -80,7 +81,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         dispatch_us=overhead("eager_dispatch_us"), engine_dispatch_us=overhead("engine_dispatch_us"),
         python_op_us=overhead("python_op_us"),
         cpp_op_us=overhead("cpp_op_us"), module_call_us=overhead("module_call_us"),
-        checkpoint_block_us=overhead("checkpoint_block_us"),
+        checkpoint_block_us=overhead("checkpoint_block_python_ops") * overhead("python_op_us"),
         attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
                          "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
         nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,
