@@ -12,7 +12,7 @@ Two sets of published rows, both in benchmarks/data with each row's source:
 
 No constant of the speed model is fitted to any of these rows: the efficiencies are per-GPU microbenchmark figures
 or steps we measured ourselves on a lent H100 (planner/hardware/efficiency.json, each sourced; the host cost of a
-checkpointed block comes from our own H100 steps, none of them in these files) and the GEMM shape constants come
+checkpointed block is a CPU measurement of torch.utils.checkpoint's bookkeeping) and the GEMM shape constants come
 from a GEMM table
 (planner/throughput.py). One constant comes from rows here: torch.compile's device residual
 (planner/memory/compiled.py `COMPILED_DEVICE_RESIDUAL`), from the ml-engineering Llama-3.1-8B eager/compiled pair.
@@ -21,7 +21,10 @@ from, so its compiled rows are predicted without it (1.0); every other fold's pr
 errors below are therefore out-of-sample. The script says so in its output.
 
 A row that names its system's inter-node network (`nic_per_gpu_Gbps`, with its source) is planned on it, as
-`plan --nic-gbps` would be; the others on the catalog's usual system for the GPU.
+`plan --nic-gbps` would be; the others on the catalog's usual system for the GPU. llm-foundry's MPT rows ran
+flash-attention's Triton kernel (attn_impl='triton'), slower than SDPA's FlashAttention-2: on the A100, where its
+rate is published (FlashAttention-2 paper, efficiency.json `triton_flash_fwd_bwd_fraction`), they are timed with it;
+on the H100 at SDPA's rate.
 
 Rows of Liger-Kernel patched model code (fused kernels trainplan never emits) are predicted as the HF code they
 replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans; so is a row
@@ -42,6 +45,8 @@ import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from pathlib import Path
 
 from planner.config import Config
@@ -98,6 +103,8 @@ class Case:
     other_program: str = ""
     #: the published system's inter-node bandwidth per GPU (Gb/s), where the row names it; None: the catalog's
     nic_Gbps: float | None = None
+    #: the fused attention kernel's fraction of peak where the row ran a kernel other than SDPA's (None: SDPA's)
+    attention_fraction: float | None = None
 
     @property
     def log_ratio(self) -> float:
@@ -278,7 +285,29 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
         WALL_TIME if row.get("notes", "").startswith("DERIVED from wall time") else ""
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
                 max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other,
-                nic_Gbps=row.get("nic_per_gpu_Gbps"))
+                nic_Gbps=row.get("nic_per_gpu_Gbps"), attention_fraction=attention_kernel_fraction(row, gpu, notes))
+
+
+@cache
+def _efficiency_data() -> dict:
+    return json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
+
+
+#: The attention text of rows that ran flash-attention's Triton kernel (MPT's attn_impl='triton').
+TRITON_FLASH = "attn_impl=triton"
+
+
+def attention_kernel_fraction(row: dict, gpu: str, notes: list[str]) -> float | None:
+    """The row's fused attention kernel's fraction of peak where it is not SDPA's: MPT's Triton FlashAttention,
+    at efficiency.json's `triton_flash_fwd_bwd_fraction` for the GPU (sourced for the A100 only)."""
+    if TRITON_FLASH not in str(row.get("attention", "")):
+        return None
+    entry = _efficiency_data()["gpus"].get(gpu, {}).get("attention", {}).get("triton_flash_fwd_bwd_fraction")
+    if entry is None:
+        notes.append("Triton FlashAttention timed at SDPA's rate (no published rate on this GPU)")
+        return None
+    notes.append("Triton FlashAttention at its published rate (efficiency.json)")
+    return float(entry["value"])
 
 
 # ------------------------------------------------------------------------------------------------ predicting
@@ -302,12 +331,16 @@ def predict(case: Case, speed_models: dict) -> float:
 
 
 def _predict(case: Case, speed_models: dict) -> float:
-    key = (id(case.model), case.seq_len, case.gpu, case.per_node, case.attention, case.objective, case.nic_Gbps)
+    key = (id(case.model), case.seq_len, case.gpu, case.per_node, case.attention, case.objective, case.nic_Gbps,
+           case.attention_fraction)
     if key not in speed_models:
         gpu = lookup_gpu(case.gpu).model_copy(update={"nic_Gbps": case.nic_Gbps})
         evaluation = Evaluation(case.model, seq_len=case.seq_len, optimizer="adamw", attention=case.attention,
                                 gpus_per_node=case.per_node, gpu=gpu, objective=case.objective)
         speed_models[key] = SpeedModel(evaluation, gpu, case.per_node)
+        if case.attention_fraction is not None:  # the row's own attention kernel, traced as SDPA's (same saves)
+            model = speed_models[key]
+            model.eff = model.eff.model_copy(update={"attention": case.attention_fraction})
     t = speed_models[key](case.cfg)
     step = t.parts.compute if case.compute_only else t.step_time_s
     tokens = case.cfg.global_batch * case.seq_len
