@@ -166,7 +166,7 @@ class SpeedCalibration(BaseModel):
     micro_step: float
     optimizer_step: float
     probes: int
-    precision: str = ""  # the precision family it re-times ("" in plans written before calibration was per family)
+    precision: str  # the precision family it re-times
 
 
 class Plan(BaseModel):
