@@ -45,8 +45,6 @@ import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from pathlib import Path
 
 from planner.config import Config
@@ -288,11 +286,6 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
                 nic_Gbps=row.get("nic_per_gpu_Gbps"), attention_fraction=attention_kernel_fraction(row, gpu, notes))
 
 
-@cache
-def _efficiency_data() -> dict:
-    return json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
-
-
 #: The attention text of rows that ran flash-attention's Triton kernel (MPT's attn_impl='triton').
 TRITON_FLASH = "attn_impl=triton"
 
@@ -302,7 +295,9 @@ def attention_kernel_fraction(row: dict, gpu: str, notes: list[str]) -> float | 
     at efficiency.json's `triton_flash_fwd_bwd_fraction` for the GPU (sourced for the A100 only)."""
     if TRITON_FLASH not in str(row.get("attention", "")):
         return None
-    entry = _efficiency_data()["gpus"].get(gpu, {}).get("attention", {}).get("triton_flash_fwd_bwd_fraction")
+    from planner.hardware.efficiency_data import efficiency_json
+
+    entry = efficiency_json()["gpus"].get(gpu, {}).get("attention", {}).get("triton_flash_fwd_bwd_fraction")
     if entry is None:
         notes.append("Triton FlashAttention timed at SDPA's rate (no published rate on this GPU)")
         return None

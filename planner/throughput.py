@@ -203,7 +203,7 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     GEMM and attention kernel does 1/tp of the work on each GPU and the other kernels move `tp_share` of their bytes
     (the replicated norms and residual stay whole); the host still issues every kernel. A memory-bound kernel takes
     its streaming time plus its fixed cost (`Efficiency.launch_us`: launch, ramp-up and tail, the per-kernel floor of
-    a queue of tiny kernels), the latency-bandwidth form: a max of the two, as torchao's roofline takes
+    a queue of tiny kernels), the latency-bandwidth form. The larger of the two, which torchao's roofline takes
     (torchao/testing/training/roofline_utils.py `get_tensor_memory_traffic_ovhd_s`), leaves the mid-sized kernels
     of small HF steps without the cost they pay on top of their bytes."""
     gpu_s = 0.0

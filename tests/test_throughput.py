@@ -3,16 +3,14 @@ dispatches what, attention kernels, causal masking), the micro-step's CPU/GPU ov
 
 from __future__ import annotations
 
-import json
 import math
-from importlib import resources
 
 import pytest
 
 import planner.throughput as T
 from planner.config import Config
 from planner.hardware import lookup_gpu
-from planner.hardware.efficiency_data import efficiency
+from planner.hardware.efficiency_data import efficiency, efficiency_json
 from planner.memory.estimate import Evaluation
 from planner.memory.profile import (
     ENGINE_KERNELS, MODULE_CALLS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
@@ -24,8 +22,7 @@ from planner.types import Candidate, Measurement, ThroughputInfo
 
 
 def _xla_rows():
-    data = json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
-    return data["gpus"]["H100-80GB"]["shape_table_xla_sm90"]["rows"]
+    return efficiency_json()["gpus"]["H100-80GB"]["shape_table_xla_sm90"]["rows"]
 
 
 def test_gemm_model_reproduces_the_measured_h100_gemm_table():
@@ -107,8 +104,7 @@ def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
     assert checkpointed.gpu_s == plain.gpu_s and eff.checkpoint_block_us > 10 * eff.module_call_us
     # the bookkeeping is so many Python view ops of the host (benchmarks/checkpoint_host_cost.py): a host with a
     # slower view op pays proportionally more
-    data = json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
-    ops = data["defaults"]["launch_overhead_us"]["checkpoint_block_python_ops"]["value"]
+    ops = efficiency_json()["defaults"]["launch_overhead_us"]["checkpoint_block_python_ops"]["value"]
     assert eff.checkpoint_block_us == pytest.approx(ops * eff.python_op_us)
 
 

@@ -91,8 +91,14 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
 
 
 @lru_cache(maxsize=1)
+def efficiency_json() -> dict:
+    """efficiency.json as stored, every figure with its source (read once; not to be modified)."""
+    return json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
+
+
+@lru_cache(maxsize=1)
 def _table() -> dict[str, Efficiency]:
-    data = json.loads(resources.files("planner.hardware").joinpath("efficiency.json").read_text())
+    data = efficiency_json()
     return {name: _entry(name, entry, data["defaults"]) for name, entry in data["gpus"].items()}
 
 
