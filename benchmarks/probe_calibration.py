@@ -49,18 +49,17 @@ def candidates(data: dict) -> list[tuple[dict, object]]:
 
 def predictions(probe: tuple[dict, object], target: object) -> dict[str, float]:
     """The target candidate's step time under each rule, calibrated by the probe's measurement."""
-    from planner.refine import _recalibrated, speed_calibrations_from
+    from planner.refine import _recalibrated, retimed, speed_calibrations_from
     from planner.types import Measurement
 
     row, cand = probe
     result = Measurement(status="ok", micro_step_s=row["micro_step_s"], optimizer_step_s=row["optimizer_step_s"],
                          step_time_s=measured_step_s(row))
-    (calib,) = speed_calibrations_from({cand.config: (cand, result)}).values()
-    family = calib if target.config.precision_family() == calib.precision else None
+    speeds = speed_calibrations_from({cand.config: (cand, result)})
+    (calib,) = speeds.values()
     return {"uncalibrated": target.throughput.step_time_s,
             "pooled": _recalibrated(target, calib).throughput.step_time_s,
-            "per family": _recalibrated(target, family).throughput.step_time_s if family else
-            target.throughput.step_time_s}
+            "per family": retimed(target, speeds).throughput.step_time_s}
 
 
 def summary(errors: list[float]) -> dict:

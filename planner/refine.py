@@ -187,6 +187,13 @@ def speed_calibrations_from(measured: dict) -> dict[str, SpeedCalibration]:
             for family, (micro, optim) in ratios.items()}
 
 
+def retimed(cand: Candidate, speeds: dict[str, SpeedCalibration]) -> Candidate:
+    """An unprobed candidate re-timed by its precision family's calibration (`speed_calibrations_from`); as modelled
+    where its family was not probed."""
+    speed = speeds.get(cand.config.precision_family())
+    return _recalibrated(cand, speed) if speed else cand
+
+
 def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
     """An unprobed candidate's modelled speed, its micro-steps and optimizer step rescaled by the probes."""
     tp = cand.throughput
@@ -215,8 +222,7 @@ def _rerank(plan, measured: dict, records: list[ProbeRecord]):
             continue
         if cand.memory is not None and family in calibration and cand.memory.activations > 0:
             cand = _calibrated(cand, calibration[family], budget)
-        speed = speeds.get(cand.config.precision_family())
-        updated.append(_recalibrated(cand, speed) if speed else cand)
+        updated.append(retimed(cand, speeds))
     probed_ok = [c for c in updated if c.throughput and c.throughput.source.startswith("probe") and c.fits]
     rest = sorted((c for c in updated if c not in probed_ok),
                   key=lambda c: -(c.throughput.tokens_per_s if c.throughput else 0.0))
