@@ -342,7 +342,8 @@ class LRScalingInfo:
 #: What the backward starts from.
 OBJECTIVE: dict[str, str] = {
     "labels": "the head's own loss on labels, as the Trainer trains",
-    "sum": "the sum of the model's first output (benchmarks that call logits.sum().backward())",
+    "sum": "the sum of the model's first output, as benchmarks' own loops train (`outputs = model(**inputs); "
+           "outputs.logits.sum().backward()`: the outputs live through the backward and the next forward)",
 }
 Objective = Literal[tuple(OBJECTIVE)]  # type: ignore[valid-type]
 LABELS_OBJECTIVE = "labels"

@@ -81,7 +81,9 @@ def test_a_cuda_trace_keeps_the_fp32_tensors_cuda_saves(checkpointing):
 
 
 def test_a_real_step_under_the_rules_matches_its_trace():
-    """The rules act on real CPU tensors as on fake ones: the traced peak equals a real step's under them."""
+    """The rules act on real CPU tensors as on fake ones: the traced peak equals a real step's under them (CUDA's
+    autocast lists and its fused dropout, planner/memory/dropout.py)."""
+    from planner.memory.dropout import fused_dropout
     from planner.memory.step import make_batch, micro_step
     from planner.memory.tracker import LiveStorageTracker
 
@@ -94,7 +96,7 @@ def test_a_real_step_under_the_rules_matches_its_trace():
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     tracker = LiveStorageTracker()
-    with tracker, autocast.cuda_autocast_rules("bfloat16"):
+    with tracker, autocast.cuda_autocast_rules("bfloat16"), fused_dropout():
         tracker.track_all(list(model.parameters()) + [p.grad for p in model.parameters()] + list(batch.values()))
         base = tracker.reset_peak()
         micro_step(model, batch, r.autocast)

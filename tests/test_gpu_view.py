@@ -114,7 +114,9 @@ def test_a_sum_objective_keeps_its_outputs_through_the_backward_as_the_benchmark
 
     from planner.memory.trace import TraceRequest, run_trace
 
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4096, n_positions=128)
+    # no dropout: CUDA's fused kernel keeps smaller masks than the CPU's (planner/memory/dropout.py)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4096, n_positions=128, resid_pdrop=0.0,
+                        embd_pdrop=0.0)
     config.architectures = ["GPT2LMHeadModel"]
     req = dict(micro_batch=2, seq_len=128, activations="half", checkpointing="none", attention="flash",
                attention_dropout=False, objective="sum")
@@ -131,3 +133,94 @@ def test_a_sum_objective_keeps_its_outputs_through_the_backward_as_the_benchmark
     loss = forward_loss(GPT2LMHeadModel(config), {"input_ids": torch.zeros(2, 8, dtype=torch.long)}, None,
                         objective="sum", hold=held)
     assert held and held[0].logits.shape == (2, 8, 4096) and loss.requires_grad  # kept for the caller's backward
+
+
+def test_the_benchmarks_loop_keeps_a_steps_outputs_through_the_next_forward():
+    """`outputs = model(**inputs); outputs.logits.sum().backward()` in a loop: the previous step's outputs are
+    rebound only when the next forward returns. The trace's forward peak matches a real CPU loop's second forward,
+    with a model that returns its cache (use_cache) as the benchmarks' loops leave it."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from planner.memory.trace import TraceRequest, run_trace
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4096, n_positions=128, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=True)
+    config.architectures = ["GPT2LMHeadModel"]
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).train()
+    batch = {"input_ids": torch.randint(0, 4096, (2, 128))}
+    tracker = LiveStorageTracker()
+    with tracker:
+        tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
+        base = tracker.reset_peak()
+        outputs = model(**batch)  # the warm-up step, whose outputs the loop still holds
+        loss = outputs.logits.sum()
+        loss.backward()
+        model.zero_grad()
+        tracker.reset_peak()  # the live outputs are pinned: they die only in the accounting's next reset
+        outputs = model(**batch)
+        loss = outputs.logits.sum()
+        real_forward = tracker.peak - base
+    held = outputs.logits.numel() * 4
+    req = TraceRequest(micro_batch=2, seq_len=128, activations="fp32", checkpointing="none", attention="flash",
+                       attention_dropout=False, objective="sum", grads_allocated=False, use_cache=True)
+    traced = run_trace(config, 2, req, profile=False)
+    assert traced.forward == real_forward and real_forward > held * 2  # this step's logits and the previous ones
+
+
+def test_a_gpu_trace_runs_dropout_as_cudas_fused_kernel():
+    """CUDA's `aten::dropout` keeps a bool mask (native_dropout), the CPU's a mask of the input's dtype: a trace for
+    a GPU keeps 1 byte per dropped element where a CPU trace keeps 4 in fp32 (GPT-2: the embeddings' dropout and
+    two per block), also through a checkpointed block's recomputation."""
+    import torch
+    from transformers import GPT2Config
+
+    from planner.memory.dropout import fused_dropout
+    from planner.memory.trace import TraceRequest, run_trace
+
+    x = torch.randn(4, 8, requires_grad=True)
+    with fused_dropout():
+        assert type(torch.nn.Dropout(0.1)(x).grad_fn).__name__ == "NativeDropoutBackward0"
+        assert torch.nn.functional.dropout(x, 0.1, training=False) is x
+        assert type(torch.nn.functional.dropout(x.clone(), 0.1, inplace=True).grad_fn).__name__ != \
+            "NativeDropoutBackward0"  # the in-place dropout is never fused
+    assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=128, resid_pdrop=0.1,
+                        embd_pdrop=0.1, attn_pdrop=0.0)
+    config.architectures = ["GPT2LMHeadModel"]
+    for checkpointing in ("none", "full"):
+        req = dict(micro_batch=2, seq_len=128, activations="fp32", checkpointing=checkpointing, attention="flash",
+                   attention_dropout=False)
+        cpu, cuda = (run_trace(config, 2, TraceRequest(**req, autocast_device=device), profile=False)
+                     for device in ("cpu", "cuda"))
+        masks = 0 if checkpointing == "full" else (1 + 2 * 2) * 2 * 128 * 64  # dropped elements saved
+        assert cpu.forward - cuda.forward >= 3 * masks and cuda.backward <= cpu.backward
+
+
+def test_the_traced_program_sets_use_cache_as_its_loop_does():
+    """The Trainer sets the config's use_cache from TrainingArguments (False by default); a benchmark's own loop
+    (the sum objective) leaves the config's, which returns the decoding cache with the outputs."""
+    from planner.config import Config
+    from planner.memory.estimate import Evaluation
+    from planner.memory.trace import _prepare_config
+    from planner.models import resolve_model
+
+    resolved = resolve_model("gpt2")
+    assert resolved.config.use_cache is True and transformers.TrainingArguments("out").use_cache is False
+    cfg = Config.of(world_size=1, precision="bf16-mixed", zero_stage=0, offload="none", engine=None, micro_batch=1,
+                    grad_accum=1, checkpointing="none")
+    for objective, expected in (("labels", False), ("sum", True)):
+        req = Evaluation(resolved, seq_len=128, optimizer="adamw", objective=objective).trace_request(cfg)
+        assert req.use_cache is expected and _prepare_config(resolved.config, 2, req).use_cache is expected
+
+
+def test_carried_outputs_are_live_in_the_replay_until_the_next_forward_returns():
+    from planner.memory.trace import _with_carried
+
+    events = [("alloc", 1, 100), ("alloc", 2, 50), ("free", 1, 0)]
+    assert _with_carried(events, [], 2) == events
+    assert _with_carried(events, [(7, 30)], 2) == [("alloc", ("carried", 7), 30), ("alloc", 1, 100), ("alloc", 2, 50),
+                                                   ("free", ("carried", 7), 0), ("free", 1, 0)]
+    assert replay(_with_carried(events, [(7, 3 << 20)], 2)).peak_allocated > replay(events).peak_allocated

@@ -54,10 +54,21 @@ def cuda_context_bytes(gpu) -> int:
 #: A ROCm build keeps hipBLAS's, 128 MiB on gfx94x/gfx95x (MI300) and 32 MiB elsewhere, and hipBLASLt's own 76 MiB
 #: (the unified workspace is CUDA-only). None: a GPU of unknown make, planned at Hopper's.
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
+#: Threads whose matmuls each get a handle, so a workspace, of their own: the handle pool reserves handles per
+#: thread (aten/src/ATen/cuda/detail/DeviceThreadHandles.h, `DeviceThreadHandlePool`) and CublasHandlePool.cpp keys
+#: the workspaces by (handle, stream) (`cublas_handle_stream_to_workspace`); a training step runs its forward on the
+#: Python thread and its backward on the autograd engine's thread for the device (torch/csrc/autograd/engine.cpp,
+#: `Engine::start_device_threads`). Measured on the lent H100: the allocations the backward thread made (no Python
+#: frame) at Llama-3.2-1B's peak were its 146 gradients plus one block of 33554432 B
+#: (benchmarks/results/gpu_memory_peak-H100-80GB-2026-11-23.json), and the steps measured there sat 32-38 MiB above
+#: a single workspace's prediction (BLOOM-560m, Llama-3.2-1B, BERT-large; GPT-2 46-60 MiB;
+#: benchmarks/results/gpu_measured-H100-80GB.json before this rule).
+BLAS_THREADS = 2
 
 
 def cublas_workspace_bytes(gpu) -> int:
-    """The BLAS workspaces torch allocates for a step on `gpu` (a catalog entry; None: unknown)."""
+    """The BLAS workspaces torch allocates for one thread's handle on `gpu` (a catalog entry; None: unknown); a
+    training step holds `BLAS_THREADS` of them."""
     if gpu is None:
         return CUBLAS_WORKSPACE_BYTES
     if gpu.vendor == "amd":
@@ -290,12 +301,16 @@ class Evaluation:
             compute_capability=self.gpu.compute_capability_tuple if self.gpu else None, head_dim=spec.head_dim,
             dropout=spec.attention_dropout, grouped_query=spec.kv_heads < spec.heads)
         # flash and memory-efficient kernels apply dropout inside the kernel and save no mask; eager and math
-        # attention save it (planner/memory/kernels.py)
+        # attention save it (planner/memory/kernels.py). The Trainer sets the config's use_cache from
+        # TrainingArguments.use_cache, False by default (transformers/trainer.py, `self.model.config.use_cache =
+        # self.args.use_cache`; training_args.py `use_cache`); a benchmark's own loop (the sum objective) keeps the
+        # config's
         return TraceRequest(
             micro_batch=cfg.micro_batch, seq_len=self.seq_len, activations=family, checkpointing=cfg.checkpointing,
             attention=kernel, attention_dropout=KERNEL[kernel].saves_scores and spec.attention_dropout > 0,
             objective=self.objective, grads_allocated=cfg.grad_accum > 1 or cfg.sharded, autocast_device=self.device,
-            adapter=self.resolved.adapter, half_dtype=cfg.half_dtype() or TraceRequest.half_dtype)
+            adapter=self.resolved.adapter, half_dtype=cfg.half_dtype() or TraceRequest.half_dtype,
+            use_cache=self.objective != LABELS_OBJECTIVE and getattr(self.resolved.config, "use_cache", None) is True)
 
     def activations(self, cfg: Config, method: str) -> tuple[int, EstimateMethod]:
         """Activation bytes of one micro-batch and the method that produced them. Optimizer states and
@@ -514,8 +529,9 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int
     if device != "cuda":
         return MemoryTerms(optimizer_transient=transient, model_buffers=buffers, ddp_buckets=ddp, zero_buckets=zero)
     return MemoryTerms(
-        optimizer_transient=transient, model_buffers=buffers, cublas_workspace=cublas_workspace_bytes(gpu),
-        ddp_buckets=ddp, zero_buckets=zero, allocator_slack=slack,
+        optimizer_transient=transient, model_buffers=buffers,
+        cublas_workspace=BLAS_THREADS * cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
+        allocator_slack=slack,
         cuda_context=cuda_context_bytes(gpu), nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
 
 

@@ -31,7 +31,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 19
+CACHE_VERSION = 21
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,8 @@ class TraceRequest:
     #: backward allocates them as it goes and the peak above the weights includes those made by then
     grads_allocated: bool = True
     #: the device whose rules the traced step follows: "cuda" applies CUDA's autocast op lists
-    #: (planner/memory/autocast.py) and counts the operand copies its matmuls make (planner/memory/tracker.py);
-    #: "cpu" keeps CPU autocast's
+    #: (planner/memory/autocast.py), runs dropout as CUDA's fused kernel (planner/memory/dropout.py) and counts the
+    #: operand copies its matmuls make (planner/memory/tracker.py); "cpu" keeps the CPU's own
     autocast_device: str = "cpu"
     #: LoRA / QLoRA adapters peft injects (planner.models.adapters.Adapter); None trains the whole model
     adapter: object = None
@@ -121,6 +121,11 @@ class TraceRequest:
     #: bf16's either way, the program is not (model code branches on float16: OPT's eager attention upcasts its
     #: softmax to fp32 only for fp16 weights, transformers 4.46.3 models/opt/modeling_opt.py line 207)
     half_dtype: str = "bfloat16"
+    #: the model config's `use_cache` in the traced program. A model that returns its decoding cache keeps the
+    #: cache's tensors while its outputs live; most cache tensors the attention saves anyway, some not (GPT-NeoX in
+    #: transformers 4.42.4 caches its key rotated in fp32 and hands SDPA a 16-bit copy: modeling_gpt_neox.py
+    #: `_attn_projections_and_rope`, `present = (key, value)`, and `GPTNeoXSdpaAttention.forward`'s cast)
+    use_cache: bool = False
 
     @property
     def half_weights(self) -> bool:
@@ -282,7 +287,7 @@ def _prepare_config(config, layers, req):
                 setattr(cfg, name, 0.0)
     cfg._attn_implementation = KERNEL[req.attention].traced_as  # callers resolve the model's support
     if hasattr(cfg, "use_cache"):
-        cfg.use_cache = False
+        cfg.use_cache = req.use_cache
     return cfg
 
 
@@ -427,6 +432,15 @@ def _patch_legacy_mask_utils(patch, fake) -> None:
             patch(module, "_prepare_4d_attention_mask_for_sdpa", all_ones_when_fake)
 
 
+def _cuda_dropout(req: TraceRequest):
+    """Dropout as CUDA runs it (planner/memory/dropout.py), for a step traced for a GPU."""
+    if req.autocast_device != "cuda":
+        return contextlib.nullcontext()
+    from planner.memory.dropout import fused_dropout
+
+    return fused_dropout()
+
+
 def _autocast_rules(req: TraceRequest):
     """CUDA's autocast op lists for a step traced for a GPU; CPU autocast's own otherwise."""
     if req.autocast is None or req.autocast_device != "cuda":
@@ -472,6 +486,17 @@ def fake_step_model(config, layers: int, req: TraceRequest, trust: bool = False)
         yield model, make_batch(model, req.micro_batch, req.seq_len, objective=req.objective)
 
 
+def _with_carried(events: list, carried: list[tuple[int, int]], forward_end: int) -> list:
+    """The step's allocation events as a loop runs them when it keeps the step's outputs until the next forward
+    returns: a benchmark's `outputs = model(**inputs); outputs.logits.sum().backward()` rebinds `outputs` only
+    once the next forward has returned, so the storages only the outputs keep (`carried`: the logits, and a
+    cache's tensors where the model returns one) are live through that forward, then freed."""
+    if not carried:
+        return events
+    return ([("alloc", ("carried", key), nbytes) for key, nbytes in carried] + events[:forward_end]
+            + [("free", ("carried", key), 0) for key, _ in carried] + events[forward_end:])
+
+
 def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profile: bool = True) -> TracePoint:
     """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks, and the
     allocator's slack over the step's own allocations; with `profile` the step's ops too."""
@@ -484,7 +509,7 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
 
     tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
     recorder = OpRecorder(req.micro_batch, req.seq_len) if profile else None
-    held: list = []  # a sum objective's outputs, kept through the backward (`forward_loss`)
+    held: list = []  # a sum objective's outputs, kept through the backward and the next forward (`_with_carried`)
     with fake_step_model(config, layers, req, trust) as (model, batch):
         with tracker:
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
@@ -493,15 +518,21 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
                     p.grad = torch.zeros_like(p)
             base = tracker.reset_peak()
             tracker.record()
-            with _sdpa_kernel(req.attention), _autocast_rules(req), recorder or contextlib.nullcontext():
+            with _sdpa_kernel(req.attention), _autocast_rules(req), _cuda_dropout(req), \
+                    recorder or contextlib.nullcontext():
                 loss = forward_loss(model, batch, req.autocast, objective=req.objective, hold=held)
-                forward = tracker.peak - base
+                forward, forward_end = tracker.peak - base, len(tracker.events)
                 tracker.restart_peak()
                 if recorder:
                     recorder.phase = "backward"
                 loss.backward()
-    backward = tracker.peak - base
+            backward = tracker.peak - base
+            if held:  # the loop's `loss` too lives until the next step's replaces it
+                held.append(loss)
+            del loss
+            carried = tracker.release(held)
+    forward += sum(nbytes for _, nbytes in carried)
     peak = max(forward, backward)
-    replayed = replay(tracker.events)
+    replayed = replay(_with_carried(tracker.events, carried, forward_end))
     return TracePoint(activations=peak, slack=max(0, replayed.peak_reserved - peak),
                       profile=recorder.profile.to_json() if recorder else None, forward=forward, backward=backward)

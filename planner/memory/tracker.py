@@ -86,6 +86,14 @@ class LiveStorageTracker(TorchDispatchMode):
             if self.events is not None:
                 self.events.append(("free", key, 0))
 
+    def release(self, holder: list) -> list[tuple[int, int]]:
+        """Empty `holder` and return (key, bytes) of the storages that only it kept alive, now freed."""
+        self.sweep()
+        before = dict(self._live)
+        holder.clear()
+        self.sweep()
+        return [(key, nbytes) for key, (_, nbytes) in before.items() if key not in self._live]
+
     def reset_peak(self) -> int:
         """Drop dead storages and start a new peak from what is live now; returns that baseline."""
         self._live.update(self._pinned)
