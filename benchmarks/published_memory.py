@@ -4,9 +4,14 @@ Rows come from benchmarks/data/published_memory.json (each with its source, the 
 for torchtitan's Llama-3.1-8B FSDP2 runs, benchmarks/data/memory_calibration.json. For each row the prediction is
 the metric the row reports: `peak_allocated` for torch.cuda.max_memory_allocated, `peak_reserved` for
 max_memory_reserved, `peak_process` (what nvidia-smi shows) for process totals. Rows the planner cannot reproduce are
-listed with the reason (image models: the trace builds token inputs; LoRA/QLoRA rows are for the adapters
-benchmark; rows whose model code differs from HF's are marked approximate). Rows of pure fp16 models
-(`model.half()`) are traced with fp16 weights: model code branches on float16 (OPT's eager softmax upcast).
+listed with the reason (image models: the trace builds token inputs; LoRA/QLoRA rows are for the adapters benchmark;
+rows whose model code differs from HF's are marked approximate). Rows of pure fp16 models are traced with fp16
+weights: model code branches on float16 (OPT's eager softmax upcast). The tables' script (fxmarty's gist; PR #32092
+quotes its masked-LM variant) loads them with `from_pretrained(..., torch_dtype=torch.float16)`, which builds the
+model under that default dtype, and so does the trace: buffers the code makes in fp32 stay fp32 (GPT-NeoX's rotary
+tables, so its rotated keys are fp32), where `model.half()` would cast them. The script's loop (`outputs =
+model(**inputs); loss = outputs.logits.sum(); loss.backward()`) is the sum objective (`vocab.OBJECTIVE`): its
+outputs, with the cache the config's `use_cache` returns, live through the backward and the next forward.
 
 The transformers docs' SDPA tables were measured with the transformers release that first shipped each model's SDPA
 code (`MEASURED_RELEASES`), whose model code differs from the installed one. Besides the installed code's prediction,
@@ -102,7 +107,7 @@ def predict(row: dict):
 
 
 class Fp16Weights(Evaluation):
-    """bf16-true's bytes with fp16 weights: the program `model.half()` runs."""
+    """bf16-true's bytes with fp16 weights, built as `from_pretrained(torch_dtype=torch.float16)` builds them."""
 
     def trace_request(self, cfg):
         return dataclasses.replace(super().trace_request(cfg), half_dtype="float16")
