@@ -235,6 +235,12 @@ def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch
     monkeypatch.setitem(sys.modules, model_module.__name__, model_module)
     ignore = AttentionMaskConverter.__dict__["_ignore_causal_mask_sdpa"]
     warn = transformers.PreTrainedModel.__dict__["warn_if_padding_and_no_attention_mask"]
+
+    class Lazy(types.ModuleType):  # transformers' lazy modules import on attribute access (torchvision, say)
+        def __getattr__(self, name):
+            raise ModuleNotFoundError("No module named 'torchvision'")
+
+    monkeypatch.setitem(sys.modules, "transformers.models.lazy", Lazy("transformers.models.lazy"))
     real = torch.ones(2, 8)
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(real)

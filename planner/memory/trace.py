@@ -426,9 +426,11 @@ def _patch_legacy_mask_utils(patch, fake) -> None:
     patch(converter, "_ignore_causal_mask_sdpa", staticmethod(ignore))
     expand = legacy._prepare_4d_attention_mask_for_sdpa
     all_ones_when_fake = _none_when_fake(expand, "mask", fake)  # an all-ones mask expands to none
+    # a module's own namespace, not getattr: transformers' lazy modules import a submodule on attribute access, and
+    # one may need an optional package that is not installed (5.13.1's aria image processor imports torchvision)
     for name, module in list(sys.modules.items()):
         if (name == legacy.__name__ or name.startswith("transformers.models.")) and \
-                getattr(module, "_prepare_4d_attention_mask_for_sdpa", None) is expand:
+                vars(module).get("_prepare_4d_attention_mask_for_sdpa") is expand:
             patch(module, "_prepare_4d_attention_mask_for_sdpa", all_ones_when_fake)
 
 
