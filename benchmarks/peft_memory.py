@@ -13,6 +13,10 @@ row's configuration, with the adapters built by peft on the meta model. Rows are
 * skipped, with the reason: other stacks (LitGPT, torchtune, Unsloth kernels), multi-GPU sharding of a 4-bit
   base, capacity claims without a configuration, DoRA and other adapters, rows without a sequence length.
 
+Rows whose notes name the transformers release they ran (fms-acceleration's 4.48.1, PEFT's method comparison's
+5.13.1) are also traced with that release (benchmarks/releases.py; `--no-releases` skips this): 4.48.1's causal-LM
+loss, for one, keeps fp32 copies of the logits the installed release does not.
+
 Run:  HF_HUB_OFFLINE=1 python benchmarks/peft_memory.py [--out benchmarks/results/peft_memory.json]
 """
 
@@ -20,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 from planner import Adapter, estimate_memory
+from releases import failure, run_worker
 
 DATA = Path(__file__).resolve().parent / "data"
 GPUS = {"A100-80GB": "A100-80GB", "L40S-48GB": "L40S-48GB"}
@@ -66,6 +73,12 @@ def adapter_of(row: dict) -> Adapter | None:
                    dropout=float(row.get("dropout") or 0.0), double_quant=bool(quant.get("double_quant", True)))
 
 
+def measured_release(row: dict) -> str | None:
+    """The transformers release the row's notes say it ran."""
+    found = re.search(r"transformers (\d+\.\d+\.\d+)", row.get("notes", ""))
+    return found.group(1) if found else None
+
+
 def predict(row: dict) -> dict:
     flash = "use_flash_attn=True" in row["notes"]
     est = estimate_memory(row["model"], micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
@@ -77,43 +90,105 @@ def predict(row: dict) -> dict:
     upcast = VANILLA_QLORA in row["notes"] or (UPCAST in row["notes"] and "NOT vanilla" not in row["notes"])
     return {"id": row["id"], "model": row["model"], "adapter": row["adapter"], "metric": row["metric"],
             "group": "other program" if upcast else "planned", "measured_gib": measured / 2**30,
-            "predicted_gib": predicted / 2**30, "error": predicted / measured - 1, "source": row["source"]}
+            "predicted_gib": predicted / 2**30, "error": predicted / measured - 1, "source": row["source"],
+            "method": est.method}
 
 
-def summary(rows: list[dict]) -> dict:
-    errors = [abs(r["error"]) for r in rows]
+def add_release_predictions(done: list[dict], rows: dict[str, dict]) -> list[str]:
+    """Each traced row's prediction with its measured release, where that is not the installed one (`release`,
+    `release_predicted_gib`, `release_error`); returns why a release could not be traced."""
+    import transformers
+
+    by_release: dict[str, list[dict]] = {}
+    for r in done:
+        release = measured_release(rows[r["id"]])
+        if release and release != transformers.__version__ and r["method"] == "trace":
+            by_release.setdefault(release, []).append(r)
+    failed = []
+    for release, group in sorted(by_release.items()):
+        try:
+            found = run_worker(Path(__file__).resolve(), [r["id"] for r in group], release)
+        except (subprocess.SubprocessError, OSError, ValueError) as err:
+            failed.append(failure(release, err))
+            continue
+        for r in group:
+            got = found[r["id"]]
+            if got["method"] != "trace":  # the formulas are no test of the release's code
+                failed.append(f"transformers {release}: {r['id']} could not be traced with it "
+                              f"({got.get('why', 'formulas instead')})")
+                continue
+            r.update(release=got["transformers"], release_predicted_gib=got["predicted_gib"],
+                     release_error=got["predicted_gib"] / r["measured_gib"] - 1)
+    return failed
+
+
+def worker(ids: list[str]) -> int:
+    """`--worker`: predict the rows `ids` with whatever transformers this interpreter imports, as one JSON line."""
+    import transformers
+
+    out = {}
+    for row in json.loads((DATA / "published_peft_memory.json").read_text())["rows"]:
+        if row["id"] not in ids:
+            continue
+        try:
+            out[row["id"]] = {**predict(row), "transformers": transformers.__version__}
+        except Exception as err:  # a release the installed peft or bitsandbytes cannot work with: that row's report
+            out[row["id"]] = {"method": "failed", "why": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    print(json.dumps(out))
+    return 0
+
+
+def summary(rows: list[dict], key: str = "error") -> dict:
+    """Errors of `key` ("error": the installed code; "release_error": the measured release where traced)."""
+    errors = [abs(r.get(key, r["error"])) for r in rows]
     if not errors:
         return {}
     return {"rows": len(rows), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
-            "under_predicted": sum(r["error"] < 0 for r in rows)}
+            "under_predicted": sum(r.get(key, r["error"]) < 0 for r in rows)}
+
+
+def _line(r: dict) -> str:
+    release = (f"  with {r['release']}: {r['release_predicted_gib']:6.2f} GiB {r['release_error']:+.1%}"
+               if "release" in r else "")
+    return (f"{r['id']:42s} {r['group']:13s} {r['metric']:22s} measured {r['measured_gib']:6.2f} GiB  "
+            f"predicted {r['predicted_gib']:6.2f} GiB  {r['error']:+.1%}{release}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the rows and summary as JSON here")
+    parser.add_argument("--no-releases", action="store_true",
+                        help="skip tracing rows with the transformers release their notes name")
+    parser.add_argument("--worker", nargs="+", metavar="ROW_ID", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    data = json.loads((DATA / "published_peft_memory.json").read_text())
+    if args.worker:
+        return worker(args.worker)
+    rows = {row["id"]: row for row in json.loads((DATA / "published_peft_memory.json").read_text())["rows"]}
     done, skipped = [], []
-    for row in data["rows"]:
+    for row in rows.values():
         reason = skip_reason(row)
         if reason:
             skipped.append({"id": row["id"], "reason": reason})
-            continue
-        done.append(predict(row))
-        r = done[-1]
-        print(f"{r['id']:42s} {r['group']:13s} {r['metric']:22s} measured {r['measured_gib']:6.2f} GiB  "
-              f"predicted {r['predicted_gib']:6.2f} GiB  {r['error']:+.1%}", flush=True)
-    result = {"planned": summary([r for r in done if r["group"] == "planned"]),
-              "other_program": summary([r for r in done if r["group"] != "planned"]),
-              "rows": done, "skipped": skipped}
-    for group in ("planned", "other_program"):
-        s = result[group]
+        else:
+            done.append(predict(row))
+    failed = [] if args.no_releases else add_release_predictions(done, rows)
+    for r in done:
+        print(_line(r))
+    groups = {"planned": [r for r in done if r["group"] == "planned"],
+              "other_program": [r for r in done if r["group"] != "planned"]}
+    result = {name: summary(group) for name, group in groups.items()}
+    result.update({f"{name} (each row's measured release where traced)": summary(group, "release_error")
+                   for name, group in groups.items() if any("release" in r for r in group)})
+    for name, s in result.items():
         if s:
-            print(f"{group}: {s['rows']} rows, median |error| {s['median_abs_error']:.1%}, worst "
+            print(f"{name}: {s['rows']} rows, median |error| {s['median_abs_error']:.1%}, worst "
                   f"{s['worst_abs_error']:.1%}, {s['under_predicted']} under-predicted")
+    for problem in failed:
+        print(f"not traced with its measured release: {problem}")
     print(f"skipped {len(skipped)} rows (reasons in the JSON)")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({**result, "rows": done, "skipped": skipped,
+                                              "releases_not_traced": failed}, indent=1) + "\n")
     return 0
 
 

@@ -14,11 +14,9 @@ model(**inputs); loss = outputs.logits.sum(); loss.backward()`) is the sum objec
 outputs, with the cache the config's `use_cache` returns, live through the backward and the next forward.
 
 The transformers docs' SDPA tables were measured with the transformers release that first shipped each model's SDPA
-code (`MEASURED_RELEASES`), whose model code differs from the installed one. Besides the installed code's prediction,
-each of those rows is traced with its own release: the benchmark installs it from the package index into trainplan's
-cache ($TRAINPLAN_CACHE/transformers-releases, once; `--no-releases` skips this) and runs the same planner with it in
-a subprocess. The summary lines name which code they are for. The measurements' torch versions (2.2 and 2.4) are not
-reproduced.
+code (`MEASURED_RELEASES`), whose model code differs from the installed one. Besides the installed code's
+prediction, each of those rows is traced with its own release (benchmarks/releases.py; `--no-releases` skips this).
+The summary lines name which code they are for. The measurements' torch versions (2.2 and 2.4) are not reproduced.
 
 The maintainers' held-out tables (the HF docs' bert-large V100 table and torchtune's README table) are not here.
 
@@ -30,20 +28,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 from planner import estimate_memory
-from planner.cache import cache_dir
 from planner.memory.estimate import Evaluation
+from releases import failure, run_worker
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
-#: where the measured transformers releases are installed: trainplan's cache (planner/cache.py), not the repository
-RELEASES_DIR = cache_dir("transformers-releases")
 #: row id prefix -> the transformers release the table was measured with: the first release that ships the model's
 #: SDPA attention, which the table's PR added (checked in the releases' wheels: OPTSdpaAttention is absent from
 #: 4.45.2 and present in 4.46.3, GPTNeoXSdpaAttention absent from 4.41.2 and present in 4.42.4, BertSdpaSelfAttention
@@ -117,27 +112,10 @@ def measured_release(row: dict) -> str | None:
     return next((release for prefix, release in MEASURED_RELEASES.items() if row["id"].startswith(prefix)), None)
 
 
-def install_release(release: str) -> Path:
-    """transformers `release` and the dependencies it pins, installed once under RELEASES_DIR (pip, no shell)."""
-    target = RELEASES_DIR / f"transformers-{release}"
-    done = target / ".complete"
-    if not done.exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--no-compile", "--target", str(target), "--upgrade", f"transformers=={release}"],
-                       check=True, capture_output=True, text=True, timeout=900)
-        done.write_text(release + "\n")
-    return target
-
-
 def release_predictions(rows: list[dict], release: str) -> dict[str, dict]:
-    """Each row's prediction with transformers `release` (installed by `install_release`), from a subprocess that
-    imports it first: {row id: {"predicted", "method", "transformers"}}."""
-    target = install_release(release)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(HERE.parent)]), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_VERBOSITY": "error"}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", *(r["id"] for r in rows)],
-                          check=True, capture_output=True, text=True, env=env, cwd=str(HERE.parent), timeout=3600)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Each row's prediction with transformers `release` (benchmarks/releases.py): {row id: {"predicted", "method",
+    "transformers"}}."""
+    return run_worker(Path(__file__).resolve(), [r["id"] for r in rows], release)
 
 
 def worker(ids: list[str]) -> int:
@@ -216,8 +194,7 @@ def _add_release_predictions(rows: list[dict], cases: dict[str, dict]) -> list[s
         try:
             found = release_predictions([cases[r["id"]] for r in group], release)
         except (subprocess.SubprocessError, OSError, ValueError) as err:
-            detail = getattr(err, "stderr", "") or str(err)
-            failed.append(f"transformers {release}: {detail.strip().splitlines()[-1] if detail.strip() else err}")
+            failed.append(failure(release, err))
             continue
         untraced = 0
         for r in group:
