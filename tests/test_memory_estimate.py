@@ -32,9 +32,12 @@ def test_contract_fields_and_breakdown():
 
 def test_analytic_is_fast_and_says_so():
     resolved = resolve_model("meta-llama/Llama-2-7b-hf")
-    start = time.perf_counter()
-    est = estimate_memory(resolved, micro_batch=1, seq_len=2048, method="analytic")
-    assert time.perf_counter() - start < 0.1
+    seconds = []
+    for _ in range(3):  # the best of three: a busy CI host can stall any one call; a trace takes seconds every time
+        start = time.perf_counter()
+        est = estimate_memory(resolved, micro_batch=1, seq_len=2048, method="analytic")
+        seconds.append(time.perf_counter() - start)
+    assert min(seconds) < 0.1
     assert est.method == "analytic"
 
 
