@@ -8,6 +8,7 @@ the script itself). Measures, each beside the planner's own figure for the detec
   first run (lazy module loading grows the context; cuBLAS's workspace goes through the allocator);
 - GEMM time over transformer shapes in bf16, fp16, fp32 and TF32 (CUDA events, median of repeats; GEMMs under
   64 GFLOP timed as 10 in a CUDA graph, so the host's launch cost stays out) vs. planner.throughput.gemm_seconds;
+- the backward thread's own cuBLAS workspace, and the bytes training dropout keeps per element (a bool mask);
 - HBM bandwidth of a large copy and a large add vs. the catalog bandwidth x efficiency.json's fraction;
 - fused attention (SDPA, flash and memory-efficient) forward + backward vs. efficiency.json's attention fraction;
 - kernel launch cost on the GPU (a CUDA graph of tiny kernels) and eager dispatch cost on this host's CPU per op
@@ -78,6 +79,35 @@ def measure_outside_allocator(torch) -> dict:
     opt = torch.optim.AdamW([p], fused=True)
     stage("fused AdamW step", opt.step)
     out["stages"] = stages
+    return out
+
+
+def measure_step_rules(torch, gpu) -> dict:
+    """Two rules the planner traces a CUDA step by, beside its figures: the backward's matmuls get a cuBLAS workspace
+    of their own (they run on the autograd engine's device thread, with that thread's handle;
+    planner/memory/estimate.py `BLAS_THREADS`), and training dropout keeps a bool mask, one byte an element, in
+    fp32 as in bf16 (the fused `native_dropout`; planner/memory/dropout.py)."""
+    from torch.nn import functional as F
+
+    from planner.memory.estimate import BLAS_THREADS, cublas_workspace_bytes
+
+    x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = x @ w  # the Python thread's handle and workspace
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y.sum().backward()  # the backward's x.t() @ grad runs on the engine's thread
+    torch.cuda.synchronize()
+    out = {"backward_thread_workspace_allocated": torch.cuda.memory_allocated() - before - w.numel() * 2,
+           "planner_workspace_per_thread": cublas_workspace_bytes(gpu), "planner_blas_threads": BLAS_THREADS}
+    for dtype, width in ((torch.float32, 4), (torch.bfloat16, 2)):
+        t = torch.randn(4096, 4096, device="cuda", dtype=dtype, requires_grad=True)
+        before = torch.cuda.memory_allocated()
+        kept = F.dropout(t, 0.1, training=True)
+        out[f"dropout_{str(dtype)[6:]}_saved_bytes_per_element"] = (
+            torch.cuda.memory_allocated() - before - kept.numel() * width) / t.numel()
+        del kept
+    out["planner_dropout_saved_bytes_per_element"] = 1.0
     return out
 
 
@@ -226,6 +256,9 @@ def measure_overheads(torch, device: str) -> dict:
     return out
 
 
+SECTIONS = ("outside_allocator", "step_rules", "gemm", "bandwidth", "attention", "overheads")
+
+
 def planner_overheads(eff) -> dict:
     return {"dispatch_us": eff.dispatch_us, "python_op_us": eff.python_op_us, "cpp_op_us": eff.cpp_op_us,
             "module_call_us": eff.module_call_us, "launch_us": eff.launch_us}
@@ -236,7 +269,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(Path(__file__).with_name("results")))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--small", action="store_true", help="small sizes (a check of the script)")
-    parser.add_argument("--sections", default="outside_allocator,gemm,bandwidth,attention,overheads")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--gpu", default=None, help="catalog GPU to compare with (default: the detected one)")
     args = parser.parse_args()
     import torch
@@ -258,10 +291,12 @@ def main() -> int:
                 ("attention", lambda: measure_attention(torch, gpu, eff, args.device, args.small)),
                 ("overheads", lambda: measure_overheads(torch, args.device))]
     if args.device == "cuda":
-        sections.insert(0, ("outside_allocator", lambda: measure_outside_allocator(torch)))
+        sections[:0] = [("outside_allocator", lambda: measure_outside_allocator(torch)),
+                        ("step_rules", lambda: measure_step_rules(torch, gpu))]
     sections = [(name, fn) for name, fn in sections if name in args.sections.split(",")]
     out = Path(args.out) / f"gpu_mechanisms-{gpu.name}-{result['date']}{'-cpu' if args.device == 'cpu' else ''}"
-    out = out.with_name(out.name + ("" if len(sections) == 5 else "-" + "-".join(n for n, _ in sections)) + ".json")
+    every = len(sections) == len(SECTIONS) - (2 if args.device == "cpu" else 0)
+    out = out.with_name(out.name + ("" if every else "-" + "-".join(n for n, _ in sections)) + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, fn in sections:
         t = time.monotonic()
@@ -295,7 +330,7 @@ def summarise(result: dict) -> None:
                 print(f"gemm {dtype}: predicted/measured median {statistics.median(ratios):.2f} "
                       f"(min {min(ratios):.2f}, max {max(ratios):.2f}); best "
                       f"{max(r['tflops'] for r in gemms if r['dtype'] == dtype):.0f} TFLOP/s")
-    for key in ("bandwidth", "overheads", "outside_allocator"):
+    for key in ("bandwidth", "overheads", "outside_allocator", "step_rules"):
         if key in result:
             print(f"{key}: {json.dumps(result[key])[:600]}")
     if isinstance(result.get("attention"), list):

@@ -224,3 +224,22 @@ def test_carried_outputs_are_live_in_the_replay_until_the_next_forward_returns()
     assert _with_carried(events, [(7, 30)], 2) == [("alloc", ("carried", 7), 30), ("alloc", 1, 100), ("alloc", 2, 50),
                                                    ("free", ("carried", 7), 0), ("free", 1, 0)]
     assert replay(_with_carried(events, [(7, 3 << 20)], 2)).peak_allocated > replay(events).peak_allocated
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_backward_has_a_workspace_of_its_own_and_dropout_keeps_a_bool_mask():
+    """The two CUDA rules the trace follows (estimate.BLAS_THREADS, planner/memory/dropout.py), measured in a fresh
+    process (benchmarks/gpu_mechanisms.py `measure_step_rules`) so no earlier backward has made the workspace."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    code = ("import json, sys, torch; sys.path.insert(0, 'benchmarks'); from gpu_mechanisms import measure_step_rules; "
+            "from planner.hardware import detect_gpus; "
+            "print(json.dumps(measure_step_rules(torch, detect_gpus().gpu)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300,
+                          check=True)
+    rules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rules["backward_thread_workspace_allocated"] == rules["planner_workspace_per_thread"]
+    for dtype in ("float32", "bfloat16"):
+        assert rules[f"dropout_{dtype}_saved_bytes_per_element"] == pytest.approx(1.0, abs=0.01)
