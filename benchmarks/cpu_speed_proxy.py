@@ -86,21 +86,19 @@ def measure_rates() -> dict:
 def cpu_model(rates: dict):
     """The per-op model's inputs for this CPU: a GPU catalog entry and efficiencies made of the measured rates."""
     from planner.hardware import GPU
-    from planner.hardware.efficiency_data import efficiency, efficiency_json
+    from planner.hardware.efficiency_data import efficiency
 
     gpu = GPU(name="this-cpu", vendor="cpu", memory_bytes=2**40, compute_capability="cpu", bf16=True,
               peak_tflops_fp32=rates["matmul_tflops_float32"], peak_tflops_fp16=rates["matmul_tflops_bfloat16"],
               peak_tflops_bf16=rates["matmul_tflops_bfloat16"], hbm_bandwidth_GBps=rates["copy_GBps"],
               intra_node_link="none", intra_node_bandwidth_GBps=1.0, source="benchmarks/cpu_speed_proxy.py")
     base = efficiency("H100-80GB")
-    block_ops = efficiency_json()["defaults"]["launch_overhead_us"]["checkpoint_block_python_ops"]["value"]
     eff = base.model_copy(update=dict(
         gpu=gpu.name, sm_count=1, matmul={k: 1.0 for k in base.matmul}, misaligned=1.0,
         misaligned_align2=1.0, hbm=1.0, launch_us=0.0, dispatch_us=rates["eager_dispatch_us"],
         engine_dispatch_us=rates["engine_dispatch_us"], python_op_us=rates["python_op_us"],
         cpp_op_us=rates["python_op_us"], module_call_us=rates["module_call_us"],
-        checkpoint_block_us=block_ops * rates["python_op_us"],
-        attention=1.0, tiles=((256, 128),)))
+        attention=1.0, tiles=((256, 128),)))  # the checkpointed block's bookkeeping follows python_op_us
     return gpu, eff
 
 

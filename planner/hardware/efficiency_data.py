@@ -35,8 +35,7 @@ class Efficiency(BaseModel):
     python_op_us: float               # CPU-side cost of a view/metadata op issued from Python
     cpp_op_us: float                  # CPU-side cost of a view op issued by the autograd engine
     module_call_us: float             # CPU-side cost of one nn.Module call
-    checkpoint_block_us: float        # CPU-side cost of one checkpointed block beyond its recomputed ops
-                                      # (efficiency.json: so many Python view ops of the host)
+    checkpoint_block_python_ops: float  # one checkpointed block's host bookkeeping, in Python view ops
     attention: float                  # fused attention kernels' fraction of the tensor peak (fwd + bwd)
     nic_GBps: float                   # inter-node bandwidth per GPU, GB/s per direction
     network: str                      # the system that bandwidth is of ("given" where the user gave it)
@@ -44,6 +43,12 @@ class Efficiency(BaseModel):
     inter_node_collective: float      # the same across nodes, per GPU's NIC
     pcie: float                       # achieved / peak host-link bandwidth for pinned copies
     tiles: tuple[tuple[int, int], ...]
+
+    @property
+    def checkpoint_block_us(self) -> float:
+        """CPU-side cost of one checkpointed block beyond its recomputed ops: its bookkeeping's view ops at this
+        host's view-op cost."""
+        return self.checkpoint_block_python_ops * self.python_op_us
 
 
 def _value(block: dict | None, *names: str):
@@ -81,7 +86,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         dispatch_us=overhead("eager_dispatch_us"), engine_dispatch_us=overhead("engine_dispatch_us"),
         python_op_us=overhead("python_op_us"),
         cpp_op_us=overhead("cpp_op_us"), module_call_us=overhead("module_call_us"),
-        checkpoint_block_us=overhead("checkpoint_block_python_ops") * overhead("python_op_us"),
+        checkpoint_block_python_ops=overhead("checkpoint_block_python_ops"),
         attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
                          "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
         nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,
