@@ -26,12 +26,11 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from planner import Adapter, estimate_memory
-from releases import failure, run_worker
+from releases import traced_with_releases
 
 DATA = Path(__file__).resolve().parent / "data"
 GPUS = {"A100-80GB": "A100-80GB", "L40S-48GB": "L40S-48GB"}
@@ -96,27 +95,18 @@ def predict(row: dict) -> dict:
 
 def add_release_predictions(done: list[dict], rows: dict[str, dict]) -> list[str]:
     """Each traced row's prediction with its measured release, where that is not the installed one (`release`,
-    `release_predicted_gib`, `release_error`); returns why a release could not be traced."""
+    `release_predicted_gib`, `release_error`); returns why a release or row could not be traced."""
     import transformers
 
-    by_release: dict[str, list[dict]] = {}
+    by_release: dict[str, list[str]] = {}
     for r in done:
         release = measured_release(rows[r["id"]])
         if release and release != transformers.__version__ and r["method"] == "trace":
-            by_release.setdefault(release, []).append(r)
-    failed = []
-    for release, group in sorted(by_release.items()):
-        try:
-            found = run_worker(Path(__file__).resolve(), [r["id"] for r in group], release)
-        except (subprocess.SubprocessError, OSError, ValueError) as err:
-            failed.append(failure(release, err))
-            continue
-        for r in group:
+            by_release.setdefault(release, []).append(r["id"])
+    found, failed = traced_with_releases(Path(__file__).resolve(), by_release)
+    for r in done:
+        if r["id"] in found:
             got = found[r["id"]]
-            if got["method"] != "trace":  # the formulas are no test of the release's code
-                failed.append(f"transformers {release}: {r['id']} could not be traced with it "
-                              f"({got.get('why', 'formulas instead')})")
-                continue
             r.update(release=got["transformers"], release_predicted_gib=got["predicted_gib"],
                      release_error=got["predicted_gib"] / r["measured_gib"] - 1)
     return failed

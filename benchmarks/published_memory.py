@@ -29,13 +29,12 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from planner import estimate_memory
 from planner.memory.estimate import Evaluation
-from releases import failure, run_worker
+from releases import traced_with_releases
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -112,12 +111,6 @@ def measured_release(row: dict) -> str | None:
     return next((release for prefix, release in MEASURED_RELEASES.items() if row["id"].startswith(prefix)), None)
 
 
-def release_predictions(rows: list[dict], release: str) -> dict[str, dict]:
-    """Each row's prediction with transformers `release` (benchmarks/releases.py): {row id: {"predicted", "method",
-    "transformers"}}."""
-    return run_worker(Path(__file__).resolve(), [r["id"] for r in rows], release)
-
-
 def worker(ids: list[str]) -> int:
     """`--worker`: predict the rows `ids` with whatever transformers this interpreter imports, as one JSON line."""
     import transformers
@@ -184,28 +177,18 @@ def run(releases: bool = True) -> tuple[list[dict], list[dict], list[str]]:
 
 
 def _add_release_predictions(rows: list[dict], cases: dict[str, dict]) -> list[str]:
-    by_release: dict[str, list[dict]] = {}
+    """Each row's prediction with its table's measured release (benchmarks/releases.py); returns what could not."""
+    by_release: dict[str, list[str]] = {}
     for r in rows:
         release = measured_release(cases[r["id"]])
         if release:
-            by_release.setdefault(release, []).append(r)
-    failed = []
-    for release, group in sorted(by_release.items()):
-        try:
-            found = release_predictions([cases[r["id"]] for r in group], release)
-        except (subprocess.SubprocessError, OSError, ValueError) as err:
-            failed.append(failure(release, err))
-            continue
-        untraced = 0
-        for r in group:
+            by_release.setdefault(release, []).append(r["id"])
+    found, failed = traced_with_releases(Path(__file__).resolve(), by_release)
+    for r in rows:
+        if r["id"] in found:
             got = found[r["id"]]
-            if got["method"] != "trace":  # the formulas are no test of the release's code
-                untraced += 1
-                continue
             r.update(release=got["transformers"], release_predicted=got["predicted"],
                      release_error=got["predicted"] / r["measured"] - 1)
-        if untraced:
-            failed.append(f"transformers {release}: {untraced} of {len(group)} rows could not be traced with it")
     return failed
 
 

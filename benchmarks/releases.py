@@ -46,7 +46,21 @@ def run_worker(script: Path, ids: list[str], release: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def failure(release: str, err: Exception) -> str:
-    """One line saying why a release could not be traced."""
-    detail = (getattr(err, "stderr", "") or str(err)).strip()
-    return f"transformers {release}: {detail.splitlines()[-1] if detail else err}"
+def traced_with_releases(script: Path, ids_by_release: dict[str, list[str]]) -> tuple[dict[str, dict], list[str]]:
+    """Each row's worker result (`script --worker`) with its release, for the rows that release traced; and one line
+    for each release or row it could not (a row the formulas predicted is no test of the release's code)."""
+    found, failed = {}, []
+    for release, ids in sorted(ids_by_release.items()):
+        try:
+            got = run_worker(script, ids, release)
+        except (subprocess.SubprocessError, OSError, ValueError) as err:
+            detail = (getattr(err, "stderr", "") or str(err)).strip()
+            failed.append(f"transformers {release}: {detail.splitlines()[-1] if detail else err}")
+            continue
+        for row_id in ids:
+            if got[row_id]["method"] == "trace":
+                found[row_id] = got[row_id]
+            else:
+                failed.append(f"transformers {release}: {row_id} could not be traced with it "
+                              f"({got[row_id].get('why', 'formulas instead')})")
+    return found, failed
