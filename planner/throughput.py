@@ -22,6 +22,7 @@ from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
 from planner.memory.compiled import BACKWARD, COMPILED_DEVICE_RESIDUAL, FORWARD, CompileEffect
+from planner.memory.estimate import DDP_BUCKET_CAP_BYTES, DeepSpeedBuckets
 from planner.memory.profile import (
     ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, PY_KERNELS, PY_VIEWS, Profile,
 )
@@ -46,9 +47,11 @@ STATE_PASSES = 2
 #: dual-socket host with AVX512; DeepSpeed PR #735: an 11.6B-parameter step in 8.2 s, 1.4B/s), shared by the node's
 #: ranks. Newer hosts with more cores step faster; a probe measures the user's.
 CPU_ADAM_PARAMS_PER_S = 1.5e9
-#: DDP's gradient bucket (torch/nn/parallel/distributed.py, bucket_cap_mb=25): the last one's all-reduce cannot
-#: overlap the backward.
-DDP_BUCKET_BYTES = 25 * 2**20
+#: DDP's first gradient bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB); the others are
+#: estimate.DDP_BUCKET_CAP_BYTES. After the first iteration DDP's reducer rebuilds its buckets in the order the
+#: backward produced the gradients (torch/nn/parallel/distributed.py `_ddp_init_helper`: "bucket rebuild bucketizes
+#: parameters based on its real execution order in backward graph"), with these two caps.
+DDP_FIRST_BUCKET_BYTES = 2**20
 
 
 class StepParts(BaseModel):
@@ -259,29 +262,104 @@ def ring_seconds(nbytes: float, world: int, per_node: int, gpu: GPU, eff: Effici
     return max(intra, inter)
 
 
+@dataclass(frozen=True)
+class Bucket:
+    ready: float    # share of the backward done when its last gradient is ready
+    nbytes: float
+
+
+def gradient_order(spec: ModelSpec) -> list[tuple[float, int]]:
+    """(backward work, trainable elements) of each parameter tensor, in the order the backward finishes them: the
+    model's order reversed (the forward's last layer is the backward's first), a tensor's work its element count (its
+    matmul's two backward GEMMs cost 4 FLOPs per element and token; norms and biases next to nothing). The embedding
+    tables that lead the model's order finish last at no GEMM cost (an index-add), a tied LM head's matmul being the
+    backward's first work although its gradient lands on the embedding table."""
+    sizes = list(spec.tensor_sizes) or [spec.trainable_parameters]
+    tables = acc = 0
+    while tables < len(sizes) and acc + abs(sizes[tables]) <= spec.embedding_parameters:
+        acc += abs(sizes[tables])
+        tables += 1
+    head = spec.vocab * spec.hidden if spec.tied_embeddings and tables and not spec.num_labels else 0
+    order = [(float(head), 0)] if head else []
+    order += [(float(abs(n)), max(n, 0)) for n in reversed(sizes[tables:])]
+    return order + [(0.0, max(n, 0)) for n in reversed(sizes[:tables])]
+
+
+def gradient_buckets(spec: ModelSpec, grad_bytes: float, caps: tuple[float, ...]) -> list[Bucket]:
+    """The gradients bucketed as DDP's reducer and DeepSpeed's stage 1/2 reduce buckets fill: in the order they are
+    ready, a bucket closing once it holds at least its cap (`caps[0]` for the first bucket, `caps[-1]` for the rest;
+    torch/csrc/distributed/c10d/reducer.cpp `compute_bucket_assignment_by_size`)."""
+    order = gradient_order(spec)
+    total = sum(work for work, _ in order) or 1.0
+    out, done, size = [], 0.0, 0.0
+    for work, numel in order:
+        done += work
+        if numel:
+            size += numel * grad_bytes
+            if size >= caps[min(len(out), len(caps) - 1)]:
+                out.append(Bucket(done / total, size))
+                size = 0.0
+    if size:
+        out.append(Bucket(done / total, size))
+    return out
+
+
+def exposed_seconds(buckets: list[Bucket], span_s: float, seconds) -> float:
+    """One collective per bucket on the communication stream, in order, each starting when its bucket is ready and
+    the one before it is done (`seconds(nbytes)` each): how long the last one ends after the backward (`span_s`)."""
+    end = 0.0
+    for bucket in buckets:
+        end = max(end, bucket.ready * span_s) + seconds(bucket.nbytes)
+    return max(0.0, end - span_s)
+
+
+def sharded_exposed_seconds(layers: int, gather_s: float, regather_s: float, reduce_s: float, forward_s: float,
+                            backward_s: float) -> float:
+    """ZeRO-3 / FSDP, one micro-step of `layers` blocks: each block's weights gathered before its forward
+    (`gather_s` per block) and, if resharded after it, again before its backward (`regather_s`), its gradients
+    reduce-scattered after its backward (`reduce_s`). A block's gather overlaps the block before it (FSDP's backward
+    prefetch and rate-limited forward all-gathers, DeepSpeed's prefetch bucket); the communication stream runs them
+    one after another. Exposed: the first gather of each pass, every block's communication beyond its compute
+    (`forward_s` and `backward_s` over the blocks), and the last reduce-scatter."""
+    blocks = max(1, layers)
+    forward = gather_s + (blocks - 1) * max(0.0, gather_s - forward_s / blocks)
+    backward_comm = regather_s + reduce_s
+    backward = regather_s + reduce_s + (blocks - 1) * max(0.0, backward_comm - backward_s / blocks)
+    return forward + backward
+
+
 def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_s: float, micro_s: float, gpu: GPU,
                           eff: Efficiency) -> float:
-    """Collectives per optimizer step that the backward (or, for ZeRO-3 gathers, the micro-step) does not hide:
-    all of a collective beyond the compute it overlaps, and the last bucket, which has nothing left to overlap."""
+    """Collectives per optimizer step that the compute does not hide, bucket by bucket against the backward's
+    timeline (`gradient_buckets`): DDP all-reduces its buckets in the last micro-step's backward (accumulating
+    micro-steps skip the sync); DeepSpeed ZeRO-1 reduce-scatters its reduce buckets in that backward and ZeRO-2 in
+    every micro-step's (deepspeed/runtime/zero/stage_1_and_2.py `reduce_ready_partitions_and_remove_grads`), both
+    gathering the updated 16-bit weights after the step (`step`: `all_gather_dp_groups`), which nothing overlaps;
+    ZeRO-3 / FSDP gather and reduce-scatter block by block (`sharded_exposed_seconds`)."""
     world, n = cfg.data_parallel, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
+    if world <= 1:
+        return 0.0
     # A data-parallel group has per_node / tp ranks on each node (tensor parallelism stays inside a node), so it
     # crosses nodes whenever the job does, however few ranks it has.
     per_node = max(1, per_node // cfg.tensor_parallel)
-    grads = spec.trainable_parameters * cfg.grad_bytes() / cfg.tensor_parallel
-    if world <= 1:
-        return 0.0
-    allreduce = 2 * ring_seconds(grads, world, per_node, gpu, eff)
-    last_bucket = allreduce * min(1.0, DDP_BUCKET_BYTES / max(grads, 1))
-    if cfg.engine == TORCH or cfg.zero_stage == 1:  # one all-reduce per step, in the last micro-step's backward
-        return max(0.0, allreduce - backward_s) + last_bucket
+    grad_bytes = cfg.grad_bytes() / cfg.tensor_parallel
     weights16 = spec.parameters * cfg.weight_bytes() / cfg.tensor_parallel
-    reduce_scatter = ring_seconds(grads, world, per_node, gpu, eff)
-    if cfg.zero_stage == 2:  # a reduce-scatter every micro-step; the weights gathered once per step
-        return n * (max(0.0, reduce_scatter - backward_s) + last_bucket / 2) + ring_seconds(weights16, world, per_node,
-                                                                                               gpu, eff)
-    gathers = 2 * ring_seconds(weights16, world, per_node, gpu, eff)  # forward and backward, every micro-step
-    per_block = (gathers + reduce_scatter) / max(1, spec.layers)
-    return n * (max(0.0, gathers + reduce_scatter - micro_s) + per_block)
+
+    def ring(nbytes: float) -> float:
+        return ring_seconds(nbytes, world, per_node, gpu, eff)
+
+    if cfg.engine == TORCH:
+        buckets = gradient_buckets(spec, grad_bytes, (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES))
+        return exposed_seconds(buckets, backward_s, lambda nbytes: 2 * ring(nbytes))
+    if cfg.engine == DEEPSPEED and cfg.zero_stage in (1, 2):
+        cap = DeepSpeedBuckets.for_hidden(spec.hidden).reduce_bucket_size * grad_bytes
+        reduce = exposed_seconds(gradient_buckets(spec, grad_bytes, (cap,)), backward_s, ring)
+        return (n if cfg.zero_stage == 2 else 1) * reduce + ring(weights16)
+    layers = max(1, spec.layers)
+    gather, reduce = ring(weights16) / layers, ring(spec.trainable_parameters * grad_bytes) / layers
+    # FSDP2's stage 2 (reshard_after_forward=False) keeps the forward's gathered weights for the backward
+    regather = gather if cfg.zero_stage == 3 else 0.0
+    return n * sharded_exposed_seconds(layers, gather, regather, reduce, micro_s - backward_s, backward_s)
 
 
 def offload_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:

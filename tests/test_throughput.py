@@ -193,3 +193,60 @@ def test_16_bit_gemm_rate_follows_the_alignment_of_its_dimensions(dims, rate):
     assert T.gemm_fraction(*dims, "bf16", eff, 2) == expected
     assert T.gemm_fraction(*dims, "fp32", eff, 4) == eff.matmul["fp32"]
     assert eff.misaligned < eff.misaligned_align2 < eff.matmul["bf16"]
+
+
+def _toy_spec(tied: bool):
+    """An embedding table of 100 elements, then tensors of 10, 20, 30 and 40 in the model's order."""
+    spec = resolve_model("openai-community/gpt2").spec
+    return spec.model_copy(update={"tensor_sizes": (100, 10, 20, 30, 40), "embedding_parameters": 100,
+                                   "tied_embeddings": tied, "vocab": 10, "hidden": 6, "num_labels": 0})
+
+
+def test_gradients_are_ready_in_reverse_model_order_with_the_embedding_table_last():
+    tied, untied = T.gradient_order(_toy_spec(True)), T.gradient_order(_toy_spec(False))
+    # the tied head's matmul (vocab x hidden = 60) is the backward's first work; its gradient lands on the table
+    assert tied == [(60.0, 0), (40.0, 40), (30.0, 30), (20.0, 20), (10.0, 10), (0.0, 100)]
+    assert untied == tied[1:]
+    llama = T.gradient_order(resolve_model("meta-llama/Llama-3.1-8B").spec)
+    assert llama[0] == (525336576.0, 525336576) and llama[-1] == (0.0, 525336576)  # lm_head first, table last
+
+
+def test_gradient_buckets_close_at_their_cap_in_the_order_gradients_are_ready():
+    # 4 bytes per element, caps 100 B for the first bucket, 150 B after: work 60|40|30|20|10|0 of 160
+    buckets = T.gradient_buckets(_toy_spec(True), 4, (100, 150))
+    assert [(b.ready, b.nbytes) for b in buckets] == [
+        (100 / 160, 160),        # the 40-element tensor alone passes the first cap
+        (150 / 160, 200),        # 30 + 20 elements: 200 B >= 150
+        (1.0, 440)]              # 10 + the 100-element table, ready when the backward ends
+
+
+def test_exposed_communication_follows_the_bucket_timeline():
+    buckets = [T.Bucket(0.25, 2.0), T.Bucket(0.5, 1.0), T.Bucket(1.0, 3.0)]
+    # backward of 8 s: the first runs 2-4 s, the second 4-5 s, the last 8-11 s: 3 s after the backward
+    assert T.exposed_seconds(buckets, 8.0, lambda nbytes: nbytes) == pytest.approx(3.0)
+    # a 2 s backward: 0.5-2.5, 2.5-3.5, 3.5-6.5: 4.5 s exposed
+    assert T.exposed_seconds(buckets, 2.0, lambda nbytes: nbytes) == pytest.approx(4.5)
+
+
+def test_sharded_blocks_hide_their_gathers_behind_the_block_before():
+    # 4 blocks, 1 s gather each, forward 8 s (2 s a block) hides all but the first gather; a backward of 4 s
+    # (1 s a block) cannot hide the regather + reduce (2 s): 1 s a block is exposed, plus the first and the last
+    assert T.sharded_exposed_seconds(4, 1.0, 1.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 2.0 + 3 * 1.0)
+    # stage 2 keeps the forward's weights: only the reduce-scatters in the backward, all hidden but the last
+    assert T.sharded_exposed_seconds(4, 1.0, 0.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 1.0)
+
+
+def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather():
+    """However long the backward, DDP's last bucket (a tied embedding table, ready last) is all-reduced after it;
+    DeepSpeed ZeRO-1 reduce-scatters its buckets during the backward but gathers the updated weights after the step."""
+    spec = resolve_model("openai-community/gpt2").spec
+    gpu = lookup_gpu("A100-80GB")
+    eff = efficiency(gpu.name)
+    ddp = Config(micro_batch=1, grad_accum=1, world_size=8, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=0, offload="none")
+    table = 2 * T.ring_seconds(spec.embedding_parameters * ddp.grad_bytes(), 8, 8, gpu, eff)
+    assert T.communication_seconds(spec, ddp, 8, 100.0, 150.0, gpu, eff) >= table
+    zero1 = ddp.model_copy(update={"zero_stage": 1, "engine": "deepspeed"})
+    gather = T.ring_seconds(spec.parameters * zero1.weight_bytes(), 8, 8, gpu, eff)
+    assert T.communication_seconds(spec, zero1, 8, 100.0, 150.0, gpu, eff) == pytest.approx(
+        gather + T.ring_seconds(spec.embedding_parameters * zero1.grad_bytes(), 8, 8, gpu, eff), rel=0.05)
