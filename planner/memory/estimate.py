@@ -83,6 +83,12 @@ def cublas_workspace_bytes(gpu) -> int:
 #: any scale, and no growth beyond two nodes (NVIDIA/nccl#986, sjeaugey); each connection's protocol buffers are
 #: allocated as 10 MiB + 2 MiB with cuMem on 8 x H100 (NVIDIA/nccl#1685, NCCL_DEBUG_SUBSYS=ALLOC); and that user's
 #: non-PyTorch memory was 1.06 GB per GPU after initialisation, CUDA context included (the same issue).
+#: NCCL 2.30's defaults give the same order (NVIDIA/nccl@5067397 src/init.cc:810-813: LL 512 KiB + LL128 4.6875 MiB +
+#: Simple 4 MiB per connection, placed by the receiver and rounded to 2 MiB, src/transport/p2p.cc:487-491): 12 MiB
+#: per ring channel and rank, 24 channels on 8 x A100 and 8 x H100 (NCCL_DEBUG logs, NVIDIA/nccl-tests#100) = 288
+#: MiB, plus NVLS's 16 channels x 2 x 1 MiB x 8 GPUs = 256 MiB on an H100 NVSwitch node (src/transport/nvls.cc:
+#: 428-430) = 544 MiB; a communicator measured 544-688 MB on 4 x A100 (NVIDIA/nccl#964), buffers and more. The
+#: channel count is NCCL's runtime choice for the topology, so the figure stays one number per process.
 NCCL_BUFFER_BYTES = 512 * MiB
 #: DDP's bucket cap (torch/nn/parallel/distributed.py, `bucket_cap_mb` default 25). On the CPU, gloo's all-reduce
 #: holds a second copy of the bucket it reduces: with two ranks DDP adds 2.00x the gradient bytes on the CPU for
