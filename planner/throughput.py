@@ -226,8 +226,8 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
 
 
 def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int) -> float:
-    """The optimizer step, gradient clipping included: the bytes they stream through HBM (or CPU Adam under
-    offload, with the gradients down and the weights up over PCIe)."""
+    """The optimizer step, gradient clipping and fp16's gradient unscaling included: the bytes they stream through
+    HBM (or CPU Adam under offload, with the gradients down and the weights up over PCIe)."""
     trainable = spec.trainable_parameters / (cfg.world_size if cfg.sharded else 1)
     info = OPTIMIZER[optimizer]
     if OFFLOAD[cfg.offload].optimizer_on_cpu:
@@ -238,6 +238,8 @@ def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, ef
     per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
     per_param += info.norm_passes * cfg.weight_bytes()  # LAMB: the weights' and the update's norms per layer
     per_param += 2 * cfg.grad_bytes()  # clip_grad_norm_: the norm reads the gradients, the scale rewrites them
+    if PRECISION[cfg.precision].loss_scaling:  # unscaling reads and rewrites every gradient, checking for inf/NaN
+        per_param += 2 * cfg.grad_bytes()  # (torch/amp/grad_scaler.py `_amp_foreach_non_finite_check_and_unscale_`)
     if cfg.engine == DEEPSPEED:  # the fp32 master steps, then is copied into the 16-bit weights
         per_param += 2 * cfg.master_bytes() + cfg.weight_bytes()
     return trainable * per_param / bandwidth(gpu, eff)

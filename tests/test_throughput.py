@@ -250,3 +250,17 @@ def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather():
     gather = T.ring_seconds(spec.parameters * zero1.weight_bytes(), 8, 8, gpu, eff)
     assert T.communication_seconds(spec, zero1, 8, 100.0, 150.0, gpu, eff) == pytest.approx(
         gather + T.ring_seconds(spec.embedding_parameters * zero1.grad_bytes(), 8, 8, gpu, eff), rel=0.05)
+
+
+def test_fp16_loss_scaling_unscales_every_gradient_before_the_step():
+    spec = resolve_model("openai-community/gpt2").spec
+    gpu = lookup_gpu("V100-16GB")
+    eff = efficiency(gpu.name)
+    bf16 = Config(micro_batch=1, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
+                  zero_stage=0, offload="none")
+    fp16 = bf16.model_copy(update={"precision": "fp16-mixed"})
+    def step(cfg):
+        return T.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1)
+
+    extra = step(fp16) - step(bf16)
+    assert extra == pytest.approx(spec.trainable_parameters * 2 * fp16.grad_bytes() / T.bandwidth(gpu, eff))
