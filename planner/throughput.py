@@ -326,7 +326,7 @@ def sharded_exposed_seconds(layers: int, gather_s: float, regather_s: float, red
     blocks = max(1, layers)
     forward = gather_s + (blocks - 1) * max(0.0, gather_s - forward_s / blocks)
     backward_comm = regather_s + reduce_s
-    backward = regather_s + reduce_s + (blocks - 1) * max(0.0, backward_comm - backward_s / blocks)
+    backward = backward_comm + (blocks - 1) * max(0.0, backward_comm - backward_s / blocks)
     return forward + backward
 
 
