@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict
 
@@ -276,22 +277,35 @@ def gradient_order(spec: ModelSpec) -> list[tuple[float, int]]:
     matmul's two backward GEMMs cost 4 FLOPs per element and token; norms and biases next to nothing). The embedding
     tables that lead the model's order finish last at no GEMM cost (an index-add), a tied LM head's matmul being the
     backward's first work although its gradient lands on the embedding table."""
-    sizes = list(spec.tensor_sizes) or [spec.trainable_parameters]
+    return list(_spec_order(spec))
+
+
+def _spec_order(spec: ModelSpec) -> tuple[tuple[float, int], ...]:
+    head = spec.vocab * spec.hidden if spec.tied_embeddings and not spec.num_labels else 0
+    return _order(spec.tensor_sizes or (spec.trainable_parameters,), spec.embedding_parameters, head)
+
+
+@lru_cache(maxsize=64)
+def _order(sizes: tuple[int, ...], embedding: int, tied_head: int) -> tuple[tuple[float, int], ...]:
     tables = acc = 0
-    while tables < len(sizes) and acc + abs(sizes[tables]) <= spec.embedding_parameters:
+    while tables < len(sizes) and acc + abs(sizes[tables]) <= embedding:
         acc += abs(sizes[tables])
         tables += 1
-    head = spec.vocab * spec.hidden if spec.tied_embeddings and tables and not spec.num_labels else 0
-    order = [(float(head), 0)] if head else []
+    order = [(float(tied_head), 0)] if tied_head and tables else []
     order += [(float(abs(n)), max(n, 0)) for n in reversed(sizes[tables:])]
-    return order + [(0.0, max(n, 0)) for n in reversed(sizes[:tables])]
+    return tuple(order + [(0.0, max(n, 0)) for n in reversed(sizes[:tables])])
 
 
 def gradient_buckets(spec: ModelSpec, grad_bytes: float, caps: tuple[float, ...]) -> list[Bucket]:
     """The gradients bucketed as DDP's reducer and DeepSpeed's stage 1/2 reduce buckets fill: in the order they are
     ready, a bucket closing once it holds at least its cap (`caps[0]` for the first bucket, `caps[-1]` for the rest;
     torch/csrc/distributed/c10d/reducer.cpp `compute_bucket_assignment_by_size`)."""
-    order = gradient_order(spec)
+    return list(_buckets(_spec_order(spec), grad_bytes, tuple(caps)))
+
+
+@lru_cache(maxsize=64)
+def _buckets(order: tuple[tuple[float, int], ...], grad_bytes: float, caps: tuple[float, ...]) -> tuple[Bucket, ...]:
+    """`gradient_buckets` for one gradient order (the search asks again for every candidate of a model)."""
     total = sum(work for work, _ in order) or 1.0
     out, done, size = [], 0.0, 0.0
     for work, numel in order:
@@ -303,7 +317,7 @@ def gradient_buckets(spec: ModelSpec, grad_bytes: float, caps: tuple[float, ...]
                 size = 0.0
     if size:
         out.append(Bucket(done / total, size))
-    return out
+    return tuple(out)
 
 
 def exposed_seconds(buckets: list[Bucket], span_s: float, seconds) -> float:
