@@ -143,7 +143,11 @@ def test_blas_workspace_follows_torchs_default_per_architecture():
 def test_cuda_context_is_the_measured_bare_context_of_the_architecture_plus_a_steps_kernels():
     from planner.memory.estimate import CUDA_CONTEXT_BYTES, cuda_context_bytes
 
-    h100, l40s, a100 = (lookup_gpu(n) for n in ("H100-80GB", "L40S-48GB", "A100-80GB"))
+    mib, h100_bare = 2**20, 645464064
+    h100, a100, v100 = (lookup_gpu(n) for n in ("H100-80GB", "A100-80GB", "V100-16GB"))
     assert cuda_context_bytes(h100) == CUDA_CONTEXT_BYTES  # the value the H100 steps' NVML totals were checked with
-    assert cuda_context_bytes(l40s) == CUDA_CONTEXT_BYTES - (645464064 - 426 * 2**20)  # sm 8.9's bare context
-    assert cuda_context_bytes(a100) == cuda_context_bytes(None) == CUDA_CONTEXT_BYTES  # unmeasured: the largest
+    for name, bare in (("L40S-48GB", 426), ("RTX4090-24GB", 426), ("A10G-24GB", 256), ("RTX3090-24GB", 256),
+                       ("T4-16GB", 474), ("B200-192GB", 612)):  # the published bare contexts, in MiB
+        assert cuda_context_bytes(lookup_gpu(name)) == CUDA_CONTEXT_BYTES - h100_bare + bare * mib, name
+    # unmeasured architectures (sm 7.0, sm 8.0) and an unknown GPU: the largest measured, the H100's
+    assert cuda_context_bytes(a100) == cuda_context_bytes(v100) == cuda_context_bytes(None) == CUDA_CONTEXT_BYTES

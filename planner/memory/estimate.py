@@ -30,19 +30,29 @@ MiB = 2**20
 #: median 2.6% from the prediction with this value (benchmarks/results/gpu_measured-H100-80GB.json). Other
 #: architectures: `cuda_context_bytes`.
 CUDA_CONTEXT_BYTES = 768 * MiB
-#: The bare context, created before any kernel runs, measured per architecture (compute capability -> bytes): sm 9.0
-#: 645464064 B on the lent H100 (torch 2.11, CUDA 13.0: NVML used minus used-before minus reserved, the
-#: `outside_allocator` stage "context" of the file above); sm 8.9 426 MiB on an RTX 6000 Ada (torch 2.10+cu130,
-#: nvidia-smi after `torch.cuda.mem_get_info`, unslothai/unsloth-zoo PR #1053). A training step's kernels add what
-#: `CUDA_CONTEXT_BYTES` holds beyond the H100's bare context (in-sample to the H100 steps); an architecture not
-#: measured gets the H100's, the largest measured.
-CUDA_BARE_CONTEXT_BYTES = {"9.0": 645464064, "8.9": 426 * MiB}
+#: The bare context, created before any kernel runs, measured per architecture (compute capability -> bytes), each
+#: with lazy module loading (torch sets CUDA_MODULE_LOADING=LAZY since 1.13, pytorch/pytorch PR #86509):
+#: - sm 9.0: 645464064 B on the lent H100 (torch 2.11, CUDA 13.0: NVML used minus used-before minus reserved, the
+#:   `outside_allocator` stage "context" of the file above);
+#: - sm 10.0: 612 MiB on a B200, a fresh process's per-PID nvidia-smi after `torch.cuda.mem_get_info`, nothing
+#:   allocated (unslothai/unsloth PR #8677, "mem_get_info and synchronize cost 612 MiB, permanently");
+#: - sm 8.9: 426 MiB on an RTX 6000 Ada (torch 2.10+cu130, nvidia-smi after `torch.cuda.mem_get_info`,
+#:   unslothai/unsloth-zoo PR #1053);
+#: - sm 8.6: 256 MiB on an RTX 3090, an idle server's per-process nvidia-smi, no tensor allocated (torch 2.7.1+cu128,
+#:   invoke-ai/InvokeAI issue #9413, "a flat 256 MiB");
+#: - sm 7.5: 474 MiB on a T4 after `torch.ones(1, 1).cuda()`: nvidia-smi's 476 MiB less the 2 MiB segment torch
+#:   reserved (torch 2.0.1+cu117, CUDA_MODULE_LOADING=LAZY; pytorch/pytorch issue #109888, where a maintainer calls it
+#:   the CUDA context).
+#: A training step's kernels add what `CUDA_CONTEXT_BYTES` holds beyond the H100's bare context (in-sample to the
+#: H100 steps). An architecture not measured (sm 7.0, sm 8.0, AMD's) gets the largest measured, the H100's: no
+#: published bare-context measurement with lazy loading was found for a V100 or an A100.
+CUDA_BARE_CONTEXT_BYTES = {"9.0": 645464064, "10.0": 612 * MiB, "8.9": 426 * MiB, "8.6": 256 * MiB, "7.5": 474 * MiB}
 CUDA_STEP_MODULES_BYTES = CUDA_CONTEXT_BYTES - CUDA_BARE_CONTEXT_BYTES["9.0"]
 
 
 def cuda_context_bytes(gpu) -> int:
     """The CUDA context a training process holds on `gpu` (a catalog entry; None: unknown), outside the allocator."""
-    bare = CUDA_BARE_CONTEXT_BYTES.get(gpu.compute_capability if gpu else "", CUDA_BARE_CONTEXT_BYTES["9.0"])
+    bare = CUDA_BARE_CONTEXT_BYTES.get(gpu.compute_capability if gpu else "", max(CUDA_BARE_CONTEXT_BYTES.values()))
     return bare + CUDA_STEP_MODULES_BYTES
 
 
