@@ -20,6 +20,32 @@ DEFAULT_NIC_Gbps = 200.0
 DEFAULT_NETWORK = "no sourced system for this GPU: one 200 Gb/s NIC per GPU assumed"
 
 
+class NcclChannels(BaseModel):
+    """The channels NCCL builds for a communicator on these GPUs (efficiency.json `nccl_coll_channels`,
+    `nccl_nvls_channels`, each with the NCCL log or source line it comes from)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    coll: int                         # ring and tree channels on a node (its logged count)
+    nvls: int                         # NVLink SHARP channels on one node (0: no NVLS)
+    nvls_inter_node: int              # ... when the communicator spans nodes
+
+
+def _nccl_channels(network: dict | None, defaults: dict) -> NcclChannels:
+    network = network or {}
+    coll = network.get("nccl_coll_channels") or defaults["nccl_coll_channels"]
+    nvls = network.get("nccl_nvls_channels") or defaults["nccl_nvls_channels"]
+    return NcclChannels(coll=coll["value"], nvls=nvls["value"], nvls_inter_node=nvls.get("inter_node", nvls["value"]))
+
+
+def nccl_channels_of(gpu) -> NcclChannels:
+    """NCCL's channels on a node of `gpu` (a catalog entry), or efficiency.json's defaults for None (a GPU of unknown
+    make) or a GPU it has no entry for."""
+    data = efficiency_json()
+    entry = data["gpus"].get(gpu.name) if gpu is not None else None
+    return _nccl_channels((entry or {}).get("network"), data["defaults"]["network"])
+
+
 class Efficiency(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -42,6 +68,7 @@ class Efficiency(BaseModel):
     collective: float                 # NCCL bus bandwidth / link bandwidth within a node
     inter_node_collective: float      # the same across nodes, per GPU's NIC
     pcie: float                       # achieved / peak host-link bandwidth for pinned copies
+    nccl: NcclChannels                # NCCL's channels on a node of these GPUs
     tiles: tuple[tuple[int, int], ...]
 
     @property
@@ -92,7 +119,8 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,
         collective=pick("network", "nccl_intra_allreduce_busbw_fraction", "nccl_intra_over_pcie_fraction"),
         inter_node_collective=pick("network", "nccl_inter_node_per_gpu_fraction"),
-        pcie=pick("network", "pcie_host_fraction"), tiles=tiles)
+        pcie=pick("network", "pcie_host_fraction"), tiles=tiles,
+        nccl=_nccl_channels(data.get("network"), defaults["network"]))
 
 
 @lru_cache(maxsize=1)

@@ -87,19 +87,6 @@ def cublas_workspace_bytes(gpu) -> int:
     return CUBLAS_WORKSPACE_BYTES if gpu.compute_capability == "9.0" else 2 * 4 * MiB + 8 * 16 * 1024
 
 
-#: NCCL's per-process buffers (NCCL_BUFFSIZE 4 MiB x channels x peers, plus NVLS/proxy buffers; NCCL docs,
-#: "Environment Variables"); outside the caching allocator. Only with more than one GPU. Unmeasured here (the lent
-#: machine has one GPU); what is published agrees on its size: linear in the channels, two connections per ring at
-#: any scale, and no growth beyond two nodes (NVIDIA/nccl#986, sjeaugey); each connection's protocol buffers are
-#: allocated as 10 MiB + 2 MiB with cuMem on 8 x H100 (NVIDIA/nccl#1685, NCCL_DEBUG_SUBSYS=ALLOC); and that user's
-#: non-PyTorch memory was 1.06 GB per GPU after initialisation, CUDA context included (the same issue).
-#: NCCL 2.30's defaults give the same order (NVIDIA/nccl@5067397 src/init.cc:810-813: LL 512 KiB + LL128 4.6875 MiB +
-#: Simple 4 MiB per connection, placed by the receiver and rounded to 2 MiB, src/transport/p2p.cc:487-491): 12 MiB
-#: per ring channel and rank, 24 channels on 8 x A100 and 8 x H100 (NCCL_DEBUG logs, NVIDIA/nccl-tests#100) = 288
-#: MiB, plus NVLS's 16 channels x 2 x 1 MiB x 8 GPUs = 256 MiB on an H100 NVSwitch node (src/transport/nvls.cc:
-#: 428-430) = 544 MiB; a communicator measured 544-688 MB on 4 x A100 (NVIDIA/nccl#964), buffers and more. The
-#: channel count is NCCL's runtime choice for the topology, so the figure stays one number per process.
-NCCL_BUFFER_BYTES = 512 * MiB
 #: DDP's bucket cap (torch/nn/parallel/distributed.py, `bucket_cap_mb` default 25). On the CPU, gloo's all-reduce
 #: holds a second copy of the bucket it reduces: with two ranks DDP adds 2.00x the gradient bytes on the CPU for
 #: two model sizes (benchmarks/results/engine_memory_cpu.json), where NCCL reduces the bucket in place.
@@ -448,7 +435,8 @@ class Evaluation:
         slack = 0
         if self.device == "cuda":
             slack = self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
-        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack, self.gpu)
+        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack, self.gpu,
+                       self.gpus_per_node)
 
 
 def speed_trace_profiles(resolved, req):
@@ -494,7 +482,7 @@ def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
 
 
 def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: EstimateMethod, optimizer: str,
-            device: str, slack: int = 0, gpu=None) -> MemoryEstimate:
+            device: str, slack: int = 0, gpu=None, gpus_per_node: int | None = None) -> MemoryEstimate:
     """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
     step's. The first micro-batch of a step runs with no gradients allocated yet (its traced activations include
     the gradients its backward has made by its peak); later ones (grad_accum > 1) with all of them. On the CPU, host
@@ -506,7 +494,7 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
         tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
     if device == "cpu":
         tensors += ms.host_tensors
-    terms = _terms(spec, cfg, ms, slack, transient, device, gpu)
+    terms = _terms(spec, cfg, ms, slack, transient, device, gpu, gpus_per_node)
     if device == "cuda" and not ESTIMATE[method].measured:
         terms = terms.model_copy(update={"error_margin": int(ACTIVATION_MARGIN * act)})
     peak_allocated = tensors + terms.allocated_overheads
@@ -526,7 +514,7 @@ def model_buffer_bytes(spec, cfg: Config) -> int:
 
 
 def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int, device: str,
-           gpu=None) -> MemoryTerms:
+           gpu=None, gpus_per_node: int | None = None) -> MemoryTerms:
     """The model's and the engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver
     add."""
     ddp = ms.gradients if cfg.world_size > 1 and cfg.engine == TORCH else 0  # gradient_as_bucket_view=False
@@ -548,7 +536,19 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int
         optimizer_transient=transient, model_buffers=buffers,
         cublas_workspace=BLAS_THREADS * cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
         allocator_slack=slack,
-        cuda_context=cuda_context_bytes(gpu), nccl_buffers=NCCL_BUFFER_BYTES if cfg.world_size > 1 else 0)
+        cuda_context=cuda_context_bytes(gpu), nccl_buffers=nccl_buffer_bytes(gpu, cfg, gpus_per_node))
+
+
+def nccl_buffer_bytes(gpu, cfg: Config, gpus_per_node: int | None = None) -> int:
+    """NCCL's device buffers on each GPU of `cfg`'s run on `gpu` (a catalog entry; None: efficiency.json's defaults),
+    `gpus_per_node` to a node (None: all on one): planner/memory/nccl.py."""
+    from planner.hardware.efficiency_data import nccl_channels_of
+    from planner.memory.nccl import nccl_buffers
+
+    buffers = nccl_buffers(nccl_channels_of(gpu), world_size=cfg.world_size,
+                           gpus_per_node=gpus_per_node or cfg.world_size, tensor_parallel=cfg.tensor_parallel,
+                           sharded=cfg.sharded)
+    return buffers.total
 
 
 def sequence_fit(evaluation: Evaluation, cfg: Config, seq_lens):
