@@ -266,6 +266,7 @@ class Evaluation:
         self.gpu = gpu  # the catalog entry (kernel choice, CUDA overheads); None: a current GPU
         self._adafactor: int | None = None
         self._compile: dict = {}
+        self._whole_run: dict[str, int | None] = {}
 
     def states(self, cfg: Config) -> states.ModelStates:
         spec = self.resolved.spec
@@ -426,6 +427,25 @@ class Evaluation:
             return int(self._fit(cfg).slack * (self.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1))
         return int(ANALYTIC_SLACK_FRACTION * act)
 
+    def whole_run_slack(self, cfg: Config) -> int | None:
+        """reserved - allocated of the whole run at full depth for the runs planner/memory/whole_run.py writes (one
+        GPU or DDP, eager, the whole model on the Trainer's loss); None for others."""
+        from planner.memory.whole_run import evaluation_slack
+
+        key = cfg.model_dump_json(include={"micro_batch", "grad_accum", "world_size", "precision", "checkpointing",
+                                           "engine", "tensor_parallel", "compiled"})
+        if key not in self._whole_run:
+            self._whole_run[key] = evaluation_slack(self, cfg)
+        return self._whole_run[key]
+
+    def allocator_slack(self, cfg: Config, act: int, method: EstimateMethod, states_) -> int:
+        """reserved - allocated: the whole run's replay where it applies (`whole_run_slack`), else the step's and the
+        model states' replayed apart (or, for formula estimates, a share of the activations)."""
+        whole = self.whole_run_slack(cfg) if method == TRACE else None
+        if whole is not None:
+            return whole
+        return self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
+
     def estimate(self, cfg: Config, method: str = AUTO_METHOD) -> MemoryEstimate:
         act, used = self.activations(cfg, method)
         return self.combine(cfg, act, used)
@@ -434,7 +454,7 @@ class Evaluation:
         states_ = self.states(cfg)
         slack = 0
         if self.device == "cuda":
-            slack = self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
+            slack = self.allocator_slack(cfg, act, method, states_)
         return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack, self.gpu,
                        self.gpus_per_node)
 

@@ -31,7 +31,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 21
+CACHE_VERSION = 23
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class TracePoint:
     profile: dict | None
     forward: int = 0        # the peak while the forward and the loss run (`activations` is the larger of the two)
     backward: int = 0       # the peak while the backward runs
+    #: the step's allocations and frees with where in the model each happened (planner/memory/whole_run.py
+    #: `Template.to_json`), from which the whole run at full depth is written; None where the blocks were not found
+    template: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,8 @@ def _lookup(key: str, profile: bool) -> TracePoint | None:
         stored = load_json("traces", key)
         if stored is not None and {"activations", "slack", "profile", "forward", "backward"} <= set(stored):
             result = _memory_cache[key] = TracePoint(**{k: stored[k] for k in
-                                                        ("activations", "slack", "profile", "forward", "backward")})
+                                                        ("activations", "slack", "profile", "forward", "backward")},
+                                                     template=stored.get("template"))
     return None if result is None or (profile and result.profile is None) else result
 
 
@@ -508,18 +512,21 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     from planner.memory.profile import OpRecorder
     from planner.memory.step import forward_loss
     from planner.memory.tracker import LiveStorageTracker
+    from planner.memory.whole_run import Template, block_regions
 
     tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
     recorder = OpRecorder(req.micro_batch, req.seq_len) if profile else None
     held: list = []  # a sum objective's outputs, kept through the backward and the next forward (`_with_carried`)
     with fake_step_model(config, layers, req, trust) as (model, batch):
-        with tracker:
+        regions = block_regions(model, layers)
+        with tracker, regions or contextlib.nullcontext():
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
+            batch_bytes = tuple(t.untyped_storage().nbytes() for t in batch.values())
             for p in model.parameters():  # gradients already allocated, as mid-accumulation
                 if p.requires_grad and req.grads_allocated:
                     p.grad = torch.zeros_like(p)
             base = tracker.reset_peak()
-            tracker.record()
+            tracker.record(where=regions.code if regions else None)
             with _sdpa_kernel(req.attention), _autocast_rules(req), _cuda_dropout(req), \
                     recorder or contextlib.nullcontext():
                 loss = forward_loss(model, batch, req.autocast, objective=req.objective, hold=held)
@@ -527,6 +534,8 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
                 tracker.restart_peak()
                 if recorder:
                     recorder.phase = "backward"
+                if regions:
+                    regions.backward = True
                 loss.backward()
             backward = tracker.peak - base
             if held:  # the loop's `loss` too lives until the next step's replaces it
@@ -536,5 +545,10 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     forward += sum(nbytes for _, nbytes in carried)
     peak = max(forward, backward)
     replayed = replay(_with_carried(tracker.events, carried, forward_end))
+    template = None
+    if regions:
+        marks = tuple(next((m for m in tracker.matmul_marks if (m > forward_end) == phase), -1) for phase in (0, 1))
+        template = Template.from_tracker(tracker.events, tracker.tags, layers, batch_bytes, marks).to_json()
     return TracePoint(activations=peak, slack=max(0, replayed.peak_reserved - peak),
-                      profile=recorder.profile.to_json() if recorder else None, forward=forward, backward=backward)
+                      profile=recorder.profile.to_json() if recorder else None, forward=forward, backward=backward,
+                      template=template)

@@ -47,10 +47,25 @@ class LiveStorageTracker(TorchDispatchMode):
         #: (op, storage key, bytes) of every allocation and free since `record()`, for the CUDA allocator replay
         #: (planner/memory/allocator.py); frees found in one sweep, between two ops, are adjacent.
         self.events: list[tuple[str, int, int]] | None = None
+        #: where in the model each event happened, one code per event (`record(where=...)`: a callable the trace
+        #: gives, planner/memory/whole_run.py `BlockRegions.code`), or None
+        self.tags: list[int] | None = None
+        self._where = None
+        #: the number of events recorded when each matmul returned (cuBLAS allocates a thread's workspace at its
+        #: first one: planner/memory/whole_run.py)
+        self.matmul_marks: list[int] = []
 
-    def record(self) -> None:
-        """Record allocations and frees from now on (`events`)."""
+    def record(self, where=None) -> None:
+        """Record allocations and frees from now on (`events`), and with `where` (a callable returning an int) where
+        each happened (`tags`)."""
         self.events = []
+        self._where = where
+        self.tags = [] if where is not None else None
+
+    def _log(self, op: str, key, nbytes: int) -> None:
+        self.events.append((op, key, nbytes))
+        if self.tags is not None:
+            self.tags.append(self._where())
 
     def _untracked(self, tensor: torch.Tensor):
         """The tensor's storage if it is not counted yet, else None."""
@@ -67,7 +82,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self._live[key] = (StorageWeakRef(storage), nbytes)
         self.current += nbytes
         if self.events is not None:
-            self.events.append(("alloc", key, nbytes))
+            self._log("alloc", key, nbytes)
 
     def track(self, tensor: torch.Tensor) -> None:
         storage = self._untracked(tensor)
@@ -84,7 +99,7 @@ class LiveStorageTracker(TorchDispatchMode):
         for key in dead:
             self.current -= self._live.pop(key)[1]
             if self.events is not None:
-                self.events.append(("free", key, 0))
+                self._log("free", key, 0)
 
     def release(self, holder: list) -> list[tuple[int, int]]:
         """Empty `holder` and return (key, bytes) of the storages that only it kept alive, now freed."""
@@ -122,7 +137,11 @@ class LiveStorageTracker(TorchDispatchMode):
         self.sweep()
         for storage in fresh:
             self._add(storage)
+        if self.events is not None and func.overloadpacket.__name__ in _MATMULS:
+            self.matmul_marks.append(len(self.events))
         if copies and self.events is not None:  # allocated with the kernel's output, freed when it returns
-            self.events += [("alloc", -len(self.events) - 1, copies), ("free", -len(self.events) - 1, 0)]
+            key = -len(self.events) - 1
+            self._log("alloc", key, copies)
+            self._log("free", key, 0)
         self.peak = max(self.peak, self.current + copies)
         return out

@@ -1,0 +1,438 @@
+"""The whole training run's allocations at the model's full depth, for the caching allocator's replay.
+
+What the CUDA caching allocator reserves depends on the order of everything the run allocates and frees: the weights
+as the model is built, every micro-step's activations, the gradients the first backward of each optimizer step
+allocates among them, the optimizer states the first step adds, and the gradients `zero_grad(set_to_none=True)`
+frees. Replaying the step and the model states apart missed the gaps each leaves for the other (the lent H100's
+max_memory_reserved was 9% under and 17% over their sum's prediction on single-GPU steps); replaying the whole run
+as the Trainer runs it, at full depth, reproduces them (benchmarks/whole_run_replay.py).
+
+A trace of the full depth would cost seconds per candidate, so the run is written from a trace of a few blocks: each
+event of the traced micro-step carries where in the model it happened (`BlockRegions`: the embeddings, block i, or
+the head; in the forward by module hooks, in the backward by the sequence number of the autograd node that runs,
+torch/csrc/autograd/function.h `sequence_nr`), and the middle block's events are written once per middle block of
+the full model (`full_depth_micro_step`). A storage is referred to by its role (the region and phase that allocated
+it and its place among their allocations), so a block's copy frees its own activations and the ones of the blocks
+next to it, as the traced middle block does.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from functools import lru_cache
+
+#: Optimizer steps and, per step, micro-steps with gradients present written into the run: the allocator reaches a
+#: steady state after the first step that has optimizer states (the probes measure 1 warm-up + 2 steps), and after the
+#: first micro-step that accumulates.
+RUN_STEPS = 3
+ACCUMULATING_MICRO_STEPS = 2
+#: Nodes without a forward sequence number (AccumulateGrad) carry the largest uint64 (torch/csrc/autograd/function.h)
+_NO_SEQUENCE = 2**64 - 1
+
+
+def region_code(region: int, backward: bool) -> int:
+    """Encode a region (-1 the embeddings, 0..l-1 a block, l the head) and the phase as one small int."""
+    return 2 * (region + 1) + int(backward)
+
+
+def decode(code: int) -> tuple[int, bool]:
+    return code // 2 - 1, bool(code % 2)
+
+
+def model_blocks(model, layers: int):
+    """The model's repeated blocks: the ModuleList of `layers` modules of one class (None if there is not exactly
+    one, e.g. an encoder-decoder's two stacks)."""
+    import torch
+
+    found = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == layers
+             and len({type(child) for child in m}) == 1]
+    return list(found[0]) if len(found) == 1 else None
+
+
+class BlockRegions:
+    """Where the traced step is: set by forward hooks on the blocks, and in the backward by the running autograd
+    node's sequence number against the ranges each block's forward created (recomputation under checkpointing runs
+    inside the backward node that unpacks it, so it counts for that node's block)."""
+
+    def __init__(self, blocks: list, params_of: dict[int, int]):
+        self.blocks, self.layers = blocks, len(blocks)
+        self.params_of = params_of          # id(parameter) -> its block (AccumulateGrad nodes)
+        self.forward_region = -1
+        self.backward = False
+        self.start: int | None = None       # the sequence number before block 0
+        self.ends: list[int] = []           # the last sequence number each block's forward created
+        self._handles = []
+
+    def __enter__(self):
+        for i, block in enumerate(self.blocks):
+            self._handles.append(block.register_forward_pre_hook(self._pre(i)))
+            self._handles.append(block.register_forward_hook(self._post(i)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+
+    def _pre(self, i: int):
+        def hook(module, args):
+            if self.backward:
+                return
+            self.forward_region = i
+            if i == 0 and self.start is None:
+                self.start = _sequence_of(args)
+        return hook
+
+    def _post(self, i: int):
+        def hook(module, args, output):
+            if self.backward:
+                return
+            if len(self.ends) == i:
+                self.ends.append(_sequence_of(output))
+            self.forward_region = i + 1  # what runs between blocks goes with the next block; after the last, the head
+        return hook
+
+    def code(self) -> int:
+        if not self.backward:
+            return region_code(self.forward_region, False)
+        import torch
+
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return region_code(self.layers, True)  # the loss's own backward seed, before any node runs
+        sequence = node._sequence_nr()
+        if sequence == _NO_SEQUENCE:
+            variable = getattr(node, "variable", None)
+            return region_code(self.params_of.get(id(variable), self.layers), True)
+        if self.start is None or sequence <= self.start:
+            return region_code(-1, True)
+        return region_code(min(bisect.bisect_left(self.ends, sequence), self.layers), True)
+
+
+def _sequence_of(value) -> int:
+    """The sequence number of the autograd node that made the first tensor in `value` (-1: none)."""
+    from torch.utils._pytree import tree_flatten
+
+    for item in tree_flatten(value)[0]:
+        grad_fn = getattr(item, "grad_fn", None)
+        if grad_fn is not None:
+            return grad_fn._sequence_nr()
+    return -1
+
+
+def block_regions(model, layers: int) -> BlockRegions | None:
+    """Regions for a traced model of `layers` blocks, or None where its blocks cannot be told apart. Parameters
+    outside the blocks belong to the embeddings if registered before the first block's, else to the head."""
+    blocks = model_blocks(model, layers)
+    if blocks is None:
+        return None
+    params_of = {id(p): i for i, block in enumerate(blocks) for p in block.parameters()}
+    seen_block = False
+    for p in model.parameters():
+        if id(p) in params_of:
+            seen_block = True
+        else:
+            params_of[id(p)] = layers if seen_block else -1
+    return BlockRegions(blocks, params_of)
+
+
+@dataclass(frozen=True)
+class Template:
+    """One traced micro-step's allocations (the compact form of planner/memory/allocator.py `iter_events`: n >= 0
+    allocates n bytes, n < 0 frees the allocation with ordinal -n - 1) and the region code of each."""
+
+    events: tuple[int, ...]
+    codes: tuple[int, ...]
+    layers: int
+    batch: tuple[int, ...] = ()   # bytes of the micro-batch's input tensors
+    #: how many events precede the forward's first matmul's return and the backward's: where each thread's cuBLAS
+    #: workspace is allocated, at its handle's first use (aten/src/ATen/cuda/CublasHandlePool.cpp
+    #: `getCurrentCUDABlasHandle`, `getCUDABlasLtWorkspace`: through the caching allocator); -1: no matmul
+    marks: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_tracker(events: list, tags: list[int], layers: int, batch: tuple[int, ...] = (),
+                     marks: tuple[int, ...] = ()) -> "Template":
+        ordinal, compact, count = {}, [], 0
+        for op, key, nbytes in events:
+            if op == "alloc":
+                ordinal[key] = count
+                count += 1
+                compact.append(int(nbytes))
+            elif key in ordinal:
+                compact.append(-ordinal.pop(key) - 1)
+            else:  # a free of a storage from before the recording: not the step's
+                compact.append(None)
+        kept = [(e, t) for e, t in zip(compact, tags) if e is not None]
+        # ordinals count allocations only, so dropping unknown frees keeps them valid; marks count kept events
+        moved = tuple(-1 if m < 0 else sum(e is not None for e in compact[:m]) for m in marks)
+        return Template(tuple(e for e, _ in kept), tuple(t for _, t in kept), layers, tuple(batch), moved)
+
+    def to_json(self) -> dict:
+        return {"events": list(self.events), "codes": list(self.codes), "layers": self.layers,
+                "batch": list(self.batch), "marks": list(self.marks)}
+
+    @staticmethod
+    def from_json(data: dict) -> "Template":
+        return Template(tuple(data["events"]), tuple(data["codes"]), int(data["layers"]), tuple(data["batch"]),
+                        tuple(data["marks"]))
+
+
+class NotRepeatable(ValueError):
+    """The traced blocks' events do not repeat cleanly (blocks of different make, events out of order)."""
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    ops: tuple[tuple[bool, int, int], ...]   # (alloc?, lifetime, size)
+    regions: tuple[int, ...]
+    backward: tuple[bool, ...]
+    owner: tuple[tuple[int, bool, int], ...]  # lifetime -> (region, backward, index among that region's allocations)
+    by_role: dict                             # (region, backward) -> [lifetime, ...]
+
+
+@lru_cache(maxsize=32)
+def _parse(template: Template) -> _Parsed:
+    ops, regions, backward, owner, by_role = [], [], [], [], {}
+    for value, code in zip(template.events, template.codes):
+        region, back = decode(code)
+        if value >= 0:
+            lifetime = len(owner)
+            members = by_role.setdefault((region, back), [])
+            owner.append((region, back, len(members)))
+            members.append(lifetime)
+            ops.append((True, lifetime, value))
+        else:
+            ops.append((False, -value - 1, 0))
+        regions.append(region)
+        backward.append(back)
+    return _Parsed(tuple(ops), tuple(regions), tuple(backward), tuple(owner), by_role)
+
+
+def full_depth_micro_step(template: Template, layers: int, period: int = 1) -> list[tuple]:
+    """The traced micro-step written for a model of `layers` blocks: (alloc?, key, bytes, in the backward?) per
+    event, keys as (lifetime, output region). The template's last block stays the model's last and the blocks
+    before its last `period` + 1 stay where they are; its `period` blocks before the last (the repeated group, far
+    enough from the embeddings that the first block's own ways are not copied) are written once per group of the
+    full model's, in the forward's order and in the backward's reverse."""
+    parsed = _parse(template)
+    traced = template.layers
+    marks = {m: i for i, m in enumerate(template.marks) if m >= 0}
+    if traced == layers:
+        out = []
+        for k, ((alloc, lifetime, size), back) in enumerate(zip(parsed.ops, parsed.backward)):
+            out += [(None, marks[k], 0, back)] if k in marks else []
+            out.append((alloc, (lifetime, 0), size, back))
+        return out + ([(None, marks[len(parsed.ops)], 0, True)] if len(parsed.ops) in marks else [])
+    first = traced - 1 - period  # the repeated group's first block
+    if first < 1 or layers < traced or (layers - traced) % period:
+        raise NotRepeatable(f"{layers} blocks cannot be written from {traced} traced with period {period}")
+    shape = _Shape(layers, traced, period, first, (layers - traced) // period + 1)
+    repeated = set(range(first, first + period))
+    out: list[tuple[bool, tuple, int]] = []
+    i, n = 0, len(parsed.ops)
+    runs = {False: 0, True: 0}
+    while i < n:
+        if i in marks:  # a thread's cuBLAS workspace, allocated before this event
+            out.append((None, marks[i], 0, parsed.backward[i]))
+        if parsed.regions[i] not in repeated:
+            region = parsed.regions[i]
+            target = region if region < first else layers if region == traced else layers - 1
+            out += _emit(parsed, i, region, target, shape)
+            i += 1
+            continue
+        back = parsed.backward[i]
+        j = i
+        while j < n and parsed.regions[j] in repeated and parsed.backward[j] == back:
+            j += 1
+        runs[back] += 1
+        if runs[back] > 1:
+            raise NotRepeatable("the repeated blocks' events are not contiguous")
+        for copy in (range(shape.copies - 1, -1, -1) if back else range(shape.copies)):
+            for k in range(i, j):
+                out += _emit(parsed, k, parsed.regions[k], parsed.regions[k] + copy * period, shape)
+        i = j
+    return out + ([(None, marks[n], 0, True)] if n in marks else [])
+
+
+@dataclass(frozen=True)
+class _Shape:
+    layers: int      # the full model's blocks
+    traced: int      # the template's
+    period: int      # blocks per repeated group
+    first: int       # the template's repeated group starts here
+    copies: int      # repeated groups in the full model
+
+    def represented_by(self, region: int) -> int:
+        """The template region an output region is written from."""
+        if region < self.first:
+            return region
+        if region >= self.layers:
+            return self.traced
+        if region == self.layers - 1:
+            return self.traced - 1
+        return self.first + (region - self.first) % self.period
+
+
+def _emit(parsed: _Parsed, k: int, region: int, target: int, shape: _Shape) -> list:
+    """Event k of the template (in template region `region`), written at output region `target`. A free refers to
+    the storage of the output region that stands where its owner stood: for two blocks, as many blocks away as in
+    the template; the embeddings, the head, the leading blocks are themselves, the last block is the model's last.
+    The embeddings and the head see the repeated group as every group (autocast's cache of 16-bit weights, say, is
+    emptied at the end of the forward for all blocks at once): such a free is written once per group."""
+    alloc, lifetime, size = parsed.ops[k]
+    back = parsed.backward[k]
+    if alloc:
+        return [(True, (lifetime, target), size, back)]
+    owner, owner_back, index = parsed.owner[lifetime]
+    traced, layers = shape.traced, shape.layers
+    if owner in (-1, traced):
+        return [(False, (lifetime, -1 if owner == -1 else layers), 0, back)]
+    if region in (-1, traced):
+        if owner < shape.first:
+            return [(False, (lifetime, owner), 0, back)]
+        if owner == traced - 1:
+            return [(False, (lifetime, layers - 1), 0, back)]
+        return [(False, (lifetime, owner + copy * shape.period), 0, back) for copy in range(shape.copies)]
+    out = target + owner - region
+    source = shape.represented_by(out)
+    if source != owner:
+        twins = parsed.by_role.get((source, owner_back), ())
+        if index >= len(twins):
+            raise NotRepeatable(f"block {source} allocates less than block {owner}")
+        lifetime = twins[index]
+    return [(False, (lifetime, out), 0, back)]
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunAllocations:
+    """What the run allocates besides its micro-steps' own tensors, in bytes, in the order it does."""
+
+    weights: tuple[int, ...]            # each parameter tensor as the model is built, then its buffers
+    buckets: tuple[int, ...] = ()       # DDP's gradient buckets, allocated when the model is wrapped
+    batch: tuple[int, ...] = ()         # each micro-batch's input tensors, moved to the GPU before its forward
+    workspaces: tuple[int, ...] = ()    # cuBLAS workspaces: the forward thread's, then the backward thread's
+    states: tuple[tuple[int, ...], ...] = ()  # per trainable parameter, the optimizer's allocations at its first step
+    grad_accum: int = 1
+
+
+def run_events(first: list, accumulating: list | None, run: RunAllocations) -> list[tuple[str, object, int]]:
+    """The whole run as the Trainer runs it (`RUN_STEPS` optimizer steps), from micro-steps written at full depth
+    (`full_depth_micro_step`, with the phase of each event): the first micro-step of a step allocates the gradients
+    (what it allocates and does not free), later ones accumulate into them; the first optimizer step allocates the
+    states parameter by parameter (torch/optim/adam.py `_init_group`: step, exp_avg, exp_avg_sq), gradient clipping
+    a norm per parameter (torch/nn/utils/clip_grad.py `_get_total_norm`, `torch._foreach_norm`), and
+    `zero_grad(set_to_none=True)` frees the gradients."""
+    events: list[tuple[str, object, int]] = [("alloc", ("weights", i), n) for i, n in enumerate(run.weights)]
+    events += [("alloc", ("bucket", i), n) for i, n in enumerate(run.buckets)]
+    freed = {key for alloc, key, _size, _back in first if alloc is False}
+    grads = [key for alloc, key, _size, _back in first if alloc and key not in freed]
+    later = min(run.grad_accum - 1, ACCUMULATING_MICRO_STEPS) if accumulating is not None else 0
+    for step in range(RUN_STEPS):
+        for micro in range(1 + later):
+            name = (step, micro)
+            events += [("alloc", (name, "batch", i), n) for i, n in enumerate(run.batch)]
+            for alloc, key, size, _backward in (first if micro == 0 else accumulating):
+                if alloc is None:  # a thread's first matmul: its cuBLAS workspace, once in the run
+                    if name == (0, 0) and key < len(run.workspaces):
+                        events.append(("alloc", ("workspace", key), run.workspaces[key]))
+                    continue
+                events.append(("alloc" if alloc else "free", (name, key), size))
+            events += [("free", (name, "batch", i), 0) for i in range(len(run.batch))]
+        if step == 0:
+            events += [("alloc", ("state", i, j), n) for i, sizes in enumerate(run.states) for j, n in enumerate(sizes)]
+        events += [("alloc", ("norm", step, i), 4) for i in range(len(run.states))]
+        events += [("free", ("norm", step, i), 0) for i in range(len(run.states))]
+        events += [("free", ((step, 0), key), 0) for key in grads]
+    return events
+
+
+def run_allocations(spec, cfg, optimizer: str, gpu, batch: tuple[int, ...]) -> RunAllocations:
+    """What a one-GPU or DDP run of `cfg` allocates besides its micro-steps, from the model's exact parameter list
+    (`ModelSpec.tensor_sizes`) and the rules planner/memory/estimate.py applies to the same terms."""
+    from planner.memory.estimate import (
+        BLAS_THREADS, DDP_BUCKET_CAP_BYTES, cublas_workspace_bytes, model_buffer_bytes,
+    )
+    from planner.vocab import OPTIMIZER
+
+    width = cfg.weight_bytes()
+    weights = [abs(n) * width for n in spec.tensor_sizes]
+    buffers = model_buffer_bytes(spec, cfg)
+    weights += [buffers] if buffers else []
+    buckets: list[int] = []
+    if cfg.world_size > 1:  # DDP's flat gradient buckets, at its cap (torch/nn/parallel/distributed.py)
+        total = sum(n for n in spec.tensor_sizes if n > 0) * cfg.grad_bytes()
+        buckets = [DDP_BUCKET_CAP_BYTES] * (total // DDP_BUCKET_CAP_BYTES) + [total % DDP_BUCKET_CAP_BYTES]
+    info = OPTIMIZER[optimizer]
+    count = 0 if info.factored else (info.state_bytes // 4 if info.follows_weights else info.state_bytes)
+    state_width = cfg.state_width() if info.follows_weights else 1
+    step = (4,) if count else ()  # Adam's `step` lives on the GPU when fused (torch/optim/adam.py `_init_group`)
+    states = tuple(step + (n * state_width,) * count for n in spec.tensor_sizes if n > 0)
+    return RunAllocations(weights=tuple(weights), buckets=tuple(b for b in buckets if b), batch=batch,
+                          workspaces=(cublas_workspace_bytes(gpu),) * BLAS_THREADS, states=states,
+                          grad_accum=cfg.grad_accum)
+
+
+def whole_run_slack(first: Template, accumulating: Template | None, layers: int, period: int,
+                    run: RunAllocations) -> int:
+    """max_memory_reserved - max_memory_allocated of the whole run written at `layers` blocks and replayed through
+    the allocator model (NotRepeatable if the templates' blocks do not repeat).
+
+    Where the two cuBLAS workspaces land decides some runs' reserved peak: allocated at a thread's first matmul, a
+    32 MiB workspace splits a cached block of a large segment and stays there, and whether the step's largest
+    tensors then fit the segments left can turn on it. The lent H100's steps show both outcomes: BERT-large's follow
+    the workspaces placed at their first matmuls, BLOOM-560m's selective and full-checkpointing ones follow the
+    workspaces kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/
+    gpu_measured-H100-80GB.json); what the real run does first is not in the trace. The estimate takes the larger of
+    the two replays."""
+    from dataclasses import replace
+
+    from planner.memory.allocator import replay
+
+    written = full_depth_micro_step(first, layers, period)
+    later = full_depth_micro_step(accumulating, layers, period) if accumulating is not None else None
+    slack = 0
+    for variant in (run, replace(run, weights=run.weights + run.workspaces, workspaces=())):
+        stats = replay(run_events(written, later, variant))
+        slack = max(slack, stats.peak_reserved - stats.peak_allocated)
+    return slack
+
+
+def evaluation_slack(evaluation, cfg) -> int | None:
+    """`whole_run_slack` for a configuration of an Evaluation (planner/memory/estimate.py): the templates are its
+    traces of the repeated depth (`trace.traced_layers`' deeper one, or the whole model where it is that shallow),
+    one for the first micro-step of a step and one for the accumulating ones. None for the runs this does not
+    write (sharded engines, tensor parallelism, torch.compile, adapters, a benchmark's own loop) or where the traced
+    blocks do not repeat."""
+    from dataclasses import replace
+
+    from planner.memory.trace import TRACED_LAYERS_ALTERNATING, _cached_trace, traced_layers
+    from planner.vocab import ADAPTER, LABELS_OBJECTIVE, TORCH
+
+    resolved = evaluation.resolved
+    spec = resolved.spec
+    if (evaluation.objective != LABELS_OBJECTIVE or cfg.engine != TORCH or cfg.tensor_parallel > 1 or cfg.compiled
+            or ADAPTER[spec.adapter].trains_adapters or resolved.config is None):
+        return None
+    depths = traced_layers(resolved.config, spec.layers)
+    period = 2 if depths == TRACED_LAYERS_ALTERNATING else 1
+    req = evaluation.trace_request(cfg)
+
+    def template(grads_allocated: bool) -> Template | None:
+        point = _cached_trace(resolved.config, spec.config_hash, depths[-1],
+                              replace(req, grads_allocated=grads_allocated), resolved.trust_remote_code)
+        return Template.from_json(point.template) if point.template else None
+
+    try:
+        first = template(False)
+        later = template(True) if cfg.grad_accum > 1 else None
+    except Exception:  # noqa: BLE001 - model code failing under fake tensors: the step and states replayed apart
+        return None
+    if first is None or (cfg.grad_accum > 1 and later is None):
+        return None
+    run = run_allocations(spec, cfg, evaluation.optimizer, evaluation.gpu, first.batch)
+    try:
+        return whole_run_slack(first, later, spec.layers, period, run)
+    except NotRepeatable:
+        return None
