@@ -6,7 +6,8 @@ Needs a CUDA GPU (exits 2 without one). For a matrix of models x precisions x ch
 training script under the emitted files (`probes.Prober`, the program users run), and compares the plan's
 `peak_allocated` / `peak_reserved` with torch.cuda.max_memory_allocated / max_memory_reserved and its modelled
 micro-step, optimizer step and tokens/s with the measured ones. It replays benchmarks/allocator_replay.py's
-workloads through the real CUDA caching allocator against planner/memory/allocator.py. The compile section runs
+workloads, and the whole runs the planner writes for two configurations (planner/memory/whole_run.py), through the
+real CUDA caching allocator against planner/memory/allocator.py. The compile section runs
 three of those configurations eager and under torch.compile (the emitted `torch_compile`), for the compiled step,
 its speed-up and its compile time against planner/memory/compiled.py's model. Then it plans
 bloom-560m at batch 256 with probes (cold probe cache; total probe time) and sweeps every single-GPU torch
@@ -136,13 +137,38 @@ def validate_allocator() -> dict:
     import allocator_replay
 
     out = {}
-    for name in ("small_churn", "training_step", "growing_batch", "random_mixed"):
+    workloads = {name: (lambda name=name: allocator_replay.synthetic_events(name))
+                 for name in ("small_churn", "training_step", "growing_batch", "random_mixed")}
+    for config in WHOLE_RUNS:  # the events the planner's whole-run replay predicts with (planner/memory/whole_run.py)
+        for i in range(2):
+            workloads[f"whole_run {' '.join(map(str, config))} variant {i}"] = (
+                lambda config=config, i=i: whole_run_events(*config)[i])
+    for name, events in workloads.items():
         try:
-            out[name] = allocator_replay.compare_on_cuda(allocator_replay.synthetic_events(name))
+            out[name] = allocator_replay.compare_on_cuda(events())
         except Exception as err:  # noqa: BLE001 - one workload failing is recorded, the rest still run
             out[name] = {"error": str(err)[:300]}
         print(f"allocator {name}: {out[name]}", flush=True)
     return out
+
+
+#: Whole runs replayed through the real allocator (model, seq, precision, checkpointing, micro-batch, batch): the
+#: H100 row whose reserved peak turned on where the cuBLAS workspaces land, and a plain one
+WHOLE_RUNS = (("bigscience/bloom-560m", 2048, "bf16-mixed", "selective", 4, 256),
+              ("openai-community/gpt2", 1024, "bf16-mixed", "none", 4, 8))
+
+
+def whole_run_events(name: str, seq: int, precision: str, ckpt: str, mb: int, batch: int) -> list:
+    """The whole run's events (both workspace placements) the planner writes for one pinned configuration."""
+    from planner.memory.whole_run import evaluation_runs, whole_run_variants
+    from planner.models import resolve_model
+    from planner.memory.estimate import Evaluation
+    from planner.hardware import lookup_gpu
+
+    draft = pinned_plan(name, seq, precision, ckpt, mb, "H100-80GB", batch=batch)
+    evaluation = Evaluation(resolve_model(name), seq_len=seq, optimizer=draft.optimizer, attention=draft.attention,
+                            device="cuda", gpu=lookup_gpu("H100-80GB"))
+    return whole_run_variants(*evaluation_runs(evaluation, draft.choice.config))
 
 
 def sweep_order(candidates) -> list:

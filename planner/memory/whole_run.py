@@ -374,6 +374,18 @@ def run_allocations(spec, cfg, optimizer: str, gpu, batch: tuple[int, ...]) -> R
                           grad_accum=cfg.grad_accum)
 
 
+def whole_run_variants(first: Template, accumulating: Template | None, layers: int, period: int,
+                       run: RunAllocations) -> list[list]:
+    """The whole run written at `layers` blocks, once per placement of the cuBLAS workspaces (`whole_run_slack`):
+    at each thread's first matmul, and before the run (NotRepeatable if the templates' blocks do not repeat)."""
+    from dataclasses import replace
+
+    written = full_depth_micro_step(first, layers, period)
+    later = full_depth_micro_step(accumulating, layers, period) if accumulating is not None else None
+    return [run_events(written, later, variant)
+            for variant in (run, replace(run, weights=run.weights + run.workspaces, workspaces=()))]
+
+
 def whole_run_slack(first: Template, accumulating: Template | None, layers: int, period: int,
                     run: RunAllocations) -> int:
     """max_memory_reserved - max_memory_allocated of the whole run written at `layers` blocks and replayed through
@@ -382,29 +394,36 @@ def whole_run_slack(first: Template, accumulating: Template | None, layers: int,
     Where the two cuBLAS workspaces land decides some runs' reserved peak: allocated at a thread's first matmul, a
     32 MiB workspace splits a cached block of a large segment and stays there, and whether the step's largest
     tensors then fit the segments left can turn on it. The lent H100's steps show both outcomes: BERT-large's follow
-    the workspaces placed at their first matmuls, BLOOM-560m's selective and full-checkpointing ones follow the
-    workspaces kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/
-    gpu_measured-H100-80GB.json); what the real run does first is not in the trace. The estimate takes the larger of
-    the two replays."""
-    from dataclasses import replace
-
+    the workspaces placed at their first matmuls, BLOOM-560m's selective-checkpointing ones follow the workspaces
+    kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/gpu_measured-H100-80GB.json);
+    what the real run does first is not in the trace. The estimate takes the larger of the two replays."""
     from planner.memory.allocator import replay
 
-    written = full_depth_micro_step(first, layers, period)
-    later = full_depth_micro_step(accumulating, layers, period) if accumulating is not None else None
     slack = 0
-    for variant in (run, replace(run, weights=run.weights + run.workspaces, workspaces=())):
-        stats = replay(run_events(written, later, variant))
+    for events in whole_run_variants(first, accumulating, layers, period, run):
+        stats = replay(events)
         slack = max(slack, stats.peak_reserved - stats.peak_allocated)
     return slack
 
 
 def evaluation_slack(evaluation, cfg) -> int | None:
-    """`whole_run_slack` for a configuration of an Evaluation (planner/memory/estimate.py): the templates are its
-    traces of the repeated depth (`trace.traced_layers`' deeper one, or the whole model where it is that shallow),
-    one for the first micro-step of a step and one for the accumulating ones. None for the runs this does not
-    write (sharded engines, tensor parallelism, torch.compile, adapters, a benchmark's own loop) or where the traced
-    blocks do not repeat."""
+    """`whole_run_slack` for a configuration of an Evaluation (planner/memory/estimate.py); None for the runs this
+    module does not write (`evaluation_runs`)."""
+    found = evaluation_runs(evaluation, cfg)
+    if found is None:
+        return None
+    try:
+        return whole_run_slack(*found)
+    except NotRepeatable:
+        return None
+
+
+def evaluation_runs(evaluation, cfg):
+    """The (first, accumulating, layers, period, run) a configuration of an Evaluation writes its whole run from:
+    the templates are its traces at the repeated depth (`trace.traced_layers`' deeper one, or the whole model where
+    it is that shallow), one of a step's first micro-step, one of the accumulating ones. None for the runs this does
+    not write (sharded engines, tensor parallelism, torch.compile, adapters, a benchmark's own loop) or whose trace
+    cannot be had."""
     from dataclasses import replace
 
     from planner.memory.trace import TRACED_LAYERS_ALTERNATING, _cached_trace, traced_layers
@@ -432,7 +451,4 @@ def evaluation_slack(evaluation, cfg) -> int | None:
     if first is None or (cfg.grad_accum > 1 and later is None):
         return None
     run = run_allocations(spec, cfg, evaluation.optimizer, evaluation.gpu, first.batch)
-    try:
-        return whole_run_slack(first, later, spec.layers, period, run)
-    except NotRepeatable:
-        return None
+    return first, later, spec.layers, period, run
