@@ -66,6 +66,16 @@ def test_events_carry_the_region_they_happened_in():
     assert template.marks[0] > 0 and template.marks[1] > len(forward)  # the first matmul of each phase
 
 
+def test_a_model_whose_frees_lag_two_blocks_behind_is_refused_not_written_with_leaks():
+    """Phi's parallel attention and MLP: some of a block's storages are found freed two blocks later, which one
+    repeated block cannot carry; written anyway, its copies would keep them for ever."""
+    config = transformers.PhiConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                    vocab_size=1000, architectures=["PhiForCausalLM"])
+    template = Template.from_json(run_trace(config, 4, request(seq_len=128), profile=False).template)
+    with pytest.raises(NotRepeatable, match="keeps"):
+        full_depth_micro_step(template, 8)
+
+
 def test_a_model_whose_blocks_cannot_repeat_is_refused():
     template = Template(events=(8, -1), codes=(region_code(0, False), region_code(0, False)), layers=4)
     with pytest.raises(NotRepeatable):

@@ -252,7 +252,22 @@ def full_depth_micro_step(template: Template, layers: int, period: int = 1) -> l
             for k in range(i, j):
                 out += _emit(parsed, k, parsed.regions[k], parsed.regions[k] + copy * period, shape)
         i = j
+    _check_kept(parsed, out, repeated, shape.copies)
     return out + ([(None, marks[n], 0, True)] if n in marks else [])
+
+
+def _check_kept(parsed: _Parsed, out: list, repeated: set[int], copies: int) -> None:
+    """The written micro-step must keep what the traced one keeps (its gradients), once per copy of their block.
+    A storage the tracker finds freed two blocks after its own (the sweep sees a free at the next op that
+    allocates) has no counterpart in a template's one repeated block, and its copies would never be freed: such a
+    model (Phi, Falcon: parallel attention and MLP) is not written."""
+    freed = {lifetime for alloc, lifetime, _ in parsed.ops if not alloc}
+    expected = sum(copies if parsed.owner[lifetime][0] in repeated else 1
+                   for alloc, lifetime, _ in parsed.ops if alloc and lifetime not in freed)
+    allocated = {key for alloc, key, _, _ in out if alloc}
+    kept = len(allocated - {key for alloc, key, _, _ in out if alloc is False})
+    if kept != expected:
+        raise NotRepeatable(f"the written micro-step keeps {kept} storages where the traced one keeps {expected}")
 
 
 @dataclass(frozen=True)
