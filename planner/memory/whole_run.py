@@ -211,10 +211,13 @@ def _parse(template: Template) -> _Parsed:
 
 def full_depth_micro_step(template: Template, layers: int, period: int = 1) -> list[tuple]:
     """The traced micro-step written for a model of `layers` blocks: (alloc?, key, bytes, in the backward?) per
-    event, keys as (lifetime, output region). The template's last block stays the model's last and the blocks
-    before its last `period` + 1 stay where they are; its `period` blocks before the last (the repeated group, far
-    enough from the embeddings that the first block's own ways are not copied) are written once per group of the
-    full model's, in the forward's order and in the backward's reverse."""
+    event, keys as (lifetime, output region); (None, i, 0, ...) marks where thread i's cuBLAS workspace comes.
+
+    One group of `period` blocks of the template is written once per group of the full model; the blocks before it
+    stay the model's first, the blocks after it its last. The forward repeats the group just before the template's
+    last block and the backward the group just after its first (`_Shape`): a block's forward frees storages of the
+    blocks before it and its backward those of the blocks after it (the sweep finds a free at the next op that
+    allocates, sometimes two blocks on), so each phase repeats the block with the most neighbours on its side."""
     parsed = _parse(template)
     traced = template.layers
     marks = {m: i for i, m in enumerate(template.marks) if m >= 0}
@@ -224,93 +227,117 @@ def full_depth_micro_step(template: Template, layers: int, period: int = 1) -> l
             out += [(None, marks[k], 0, back)] if k in marks else []
             out.append((alloc, (lifetime, 0), size, back))
         return out + ([(None, marks[len(parsed.ops)], 0, True)] if len(parsed.ops) in marks else [])
-    first = traced - 1 - period  # the repeated group's first block
-    if first < 1 or layers < traced or (layers - traced) % period:
+    if traced < period + 2 or layers < traced or (layers - traced) % period:
         raise NotRepeatable(f"{layers} blocks cannot be written from {traced} traced with period {period}")
-    shape = _Shape(layers, traced, period, first, (layers - traced) // period + 1)
-    repeated = set(range(first, first + period))
-    out: list[tuple[bool, tuple, int]] = []
+    shape = _Shape(layers, traced, period, (layers - traced) // period + 1)
+    out: list[tuple] = []
     i, n = 0, len(parsed.ops)
     runs = {False: 0, True: 0}
     while i < n:
         if i in marks:  # a thread's cuBLAS workspace, allocated before this event
             out.append((None, marks[i], 0, parsed.backward[i]))
-        if parsed.regions[i] not in repeated:
-            region = parsed.regions[i]
-            target = region if region < first else layers if region == traced else layers - 1
-            out += _emit(parsed, i, region, target, shape)
+        back = parsed.backward[i]
+        if not shape.repeated(parsed.regions[i], back):
+            out += _emit(parsed, i, shape.output(parsed.regions[i], back), shape)
             i += 1
             continue
-        back = parsed.backward[i]
         j = i
-        while j < n and parsed.regions[j] in repeated and parsed.backward[j] == back:
+        while j < n and parsed.backward[j] == back and shape.repeated(parsed.regions[j], back):
             j += 1
         runs[back] += 1
         if runs[back] > 1:
             raise NotRepeatable("the repeated blocks' events are not contiguous")
         for copy in (range(shape.copies - 1, -1, -1) if back else range(shape.copies)):
             for k in range(i, j):
-                out += _emit(parsed, k, parsed.regions[k], parsed.regions[k] + copy * period, shape)
+                out += _emit(parsed, k, shape.output(parsed.regions[k], back, copy), shape)
         i = j
-    _check_kept(parsed, out, repeated, shape.copies)
+    _check_kept(parsed, out, shape)
     return out + ([(None, marks[n], 0, True)] if n in marks else [])
 
 
-def _check_kept(parsed: _Parsed, out: list, repeated: set[int], copies: int) -> None:
-    """The written micro-step must keep what the traced one keeps (its gradients), once per copy of their block.
-    A storage the tracker finds freed two blocks after its own (the sweep sees a free at the next op that
-    allocates) has no counterpart in a template's one repeated block, and its copies would never be freed: such a
-    model (Phi, Falcon: parallel attention and MLP) is not written."""
+@dataclass(frozen=True)
+class _Shape:
+    """How a template's regions (-1 the embeddings, 0..traced-1 its blocks, traced the head) map to the full
+    model's (-1, 0..layers-1, layers), per phase: the forward repeats the `period` blocks before the last, the
+    backward the `period` blocks after the first."""
+
+    layers: int      # the full model's blocks
+    traced: int      # the template's
+    period: int      # blocks per repeated group
+    copies: int      # repeated groups in the full model
+
+    def first(self, backward: bool) -> int:
+        """The template block the phase's repeated group starts at."""
+        return 1 if backward else self.traced - 1 - self.period
+
+    def repeated(self, region: int, backward: bool) -> bool:
+        return 0 <= region - self.first(backward) < self.period
+
+    def output(self, region: int, backward: bool, copy: int = 0) -> int:
+        """The output region of template region `region` (its `copy`-th group if it repeats)."""
+        if region == -1:
+            return -1
+        if region == self.traced:
+            return self.layers
+        first = self.first(backward)
+        if region < first:
+            return region
+        if region < first + self.period:
+            return region + copy * self.period
+        return self.layers - (self.traced - region)  # the blocks after the group are the model's last
+
+    def represented_by(self, region: int, backward: bool) -> int:
+        """The template region an output region is written from, in a phase."""
+        if region < 0 or region >= self.layers:
+            return -1 if region < 0 else self.traced
+        first = self.first(backward)
+        if region < first:
+            return region
+        trailing = self.traced - first - self.period
+        if region >= self.layers - trailing:
+            return self.traced - (self.layers - region)
+        return first + (region - first) % self.period
+
+
+def _check_kept(parsed: _Parsed, out: list, shape: _Shape) -> None:
+    """The written micro-step must keep what the traced one keeps (its gradients), once per copy of their block. A
+    storage whose free the template cannot place (found freed farther from its block than the template has blocks
+    on that side) would be kept by its copies for ever: such a template is not written."""
     freed = {lifetime for alloc, lifetime, _ in parsed.ops if not alloc}
-    expected = sum(copies if parsed.owner[lifetime][0] in repeated else 1
-                   for alloc, lifetime, _ in parsed.ops if alloc and lifetime not in freed)
+    expected = 0
+    for alloc, lifetime, _ in parsed.ops:
+        if alloc and lifetime not in freed:
+            region, back, _index = parsed.owner[lifetime]
+            expected += shape.copies if shape.repeated(region, back) else 1
     allocated = {key for alloc, key, _, _ in out if alloc}
     kept = len(allocated - {key for alloc, key, _, _ in out if alloc is False})
     if kept != expected:
         raise NotRepeatable(f"the written micro-step keeps {kept} storages where the traced one keeps {expected}")
 
 
-@dataclass(frozen=True)
-class _Shape:
-    layers: int      # the full model's blocks
-    traced: int      # the template's
-    period: int      # blocks per repeated group
-    first: int       # the template's repeated group starts here
-    copies: int      # repeated groups in the full model
-
-    def represented_by(self, region: int) -> int:
-        """The template region an output region is written from."""
-        if region < self.first:
-            return region
-        if region >= self.layers:
-            return self.traced
-        if region == self.layers - 1:
-            return self.traced - 1
-        return self.first + (region - self.first) % self.period
-
-
-def _emit(parsed: _Parsed, k: int, region: int, target: int, shape: _Shape) -> list:
-    """Event k of the template (in template region `region`), written at output region `target`. A free refers to
-    the storage of the output region that stands where its owner stood: for two blocks, as many blocks away as in
-    the template; the embeddings, the head, the leading blocks are themselves, the last block is the model's last.
-    The embeddings and the head see the repeated group as every group (autocast's cache of 16-bit weights, say, is
-    emptied at the end of the forward for all blocks at once): such a free is written once per group."""
+def _emit(parsed: _Parsed, k: int, target: int, shape: _Shape) -> list:
+    """Event k of the template, written at output region `target`. A free refers to the storage of the output
+    region that stands where its owner stood: for two blocks, as many blocks away as in the template (its twin
+    there by role where that region is written from another template block); the embeddings and the head are
+    themselves. The embeddings and the head see a repeated group as every group (autocast's cache of 16-bit
+    weights, say, is emptied at the end of the forward for all blocks at once): such a free is written once per
+    group."""
     alloc, lifetime, size = parsed.ops[k]
     back = parsed.backward[k]
     if alloc:
         return [(True, (lifetime, target), size, back)]
+    region = parsed.regions[k]
     owner, owner_back, index = parsed.owner[lifetime]
     traced, layers = shape.traced, shape.layers
     if owner in (-1, traced):
         return [(False, (lifetime, -1 if owner == -1 else layers), 0, back)]
     if region in (-1, traced):
-        if owner < shape.first:
-            return [(False, (lifetime, owner), 0, back)]
-        if owner == traced - 1:
-            return [(False, (lifetime, layers - 1), 0, back)]
-        return [(False, (lifetime, owner + copy * shape.period), 0, back) for copy in range(shape.copies)]
+        if shape.repeated(owner, owner_back):
+            return [(False, (lifetime, shape.output(owner, owner_back, copy)), 0, back)
+                    for copy in range(shape.copies)]
+        return [(False, (lifetime, shape.output(owner, owner_back)), 0, back)]
     out = target + owner - region
-    source = shape.represented_by(out)
+    source = shape.represented_by(out, owner_back)
     if source != owner:
         twins = parsed.by_role.get((source, owner_back), ())
         if index >= len(twins):
