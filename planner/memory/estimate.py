@@ -26,9 +26,10 @@ MiB = 2**20
 #: loaded (the HF docs' "Model training anatomy" measures ~1.3 GB on a V100 after `torch.ones(1).cuda()`, before lazy
 #: loading). Measured on an H100 (torch 2.11, driver 580): 615.6 MiB after the first allocation, +69 MB once cuBLAS
 #: loads and +19 MB for the SDPA kernels' modules (benchmarks/results/gpu_mechanisms-H100-80GB-2026-11-22.json);
-#: a training step loads more modules (loss, optimizer, norms) and the NVML process totals of 39 steps sit at a
-#: median 2.6% from the prediction with this value (benchmarks/results/gpu_measured-H100-80GB.json). Other
-#: architectures: `cuda_context_bytes`.
+#: a training step loads more modules (loss, optimizer, norms) and the NVML process totals of 38 steps sit at a
+#: median 0.2% from the prediction with this value and the whole run replayed (2.6% when this value was set, with
+#: the step and the states replayed apart; benchmarks/results/gpu_measured-H100-80GB.json). Other architectures:
+#: `cuda_context_bytes`.
 CUDA_CONTEXT_BYTES = 768 * MiB
 #: The bare context, created before any kernel runs, measured per architecture (compute capability -> bytes), each
 #: with lazy module loading (torch sets CUDA_MODULE_LOADING=LAZY since 1.13, pytorch/pytorch PR #86509):
