@@ -68,7 +68,6 @@ class Efficiency(BaseModel):
     collective: float                 # NCCL bus bandwidth / link bandwidth within a node
     inter_node_collective: float      # the same across nodes, per GPU's NIC
     pcie: float                       # achieved / peak host-link bandwidth for pinned copies
-    nccl: NcclChannels                # NCCL's channels on a node of these GPUs
     tiles: tuple[tuple[int, int], ...]
 
     @property
@@ -119,8 +118,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,
         collective=pick("network", "nccl_intra_allreduce_busbw_fraction", "nccl_intra_over_pcie_fraction"),
         inter_node_collective=pick("network", "nccl_inter_node_per_gpu_fraction"),
-        pcie=pick("network", "pcie_host_fraction"), tiles=tiles,
-        nccl=_nccl_channels(data.get("network"), defaults["network"]))
+        pcie=pick("network", "pcie_host_fraction"), tiles=tiles)
 
 
 @lru_cache(maxsize=1)
