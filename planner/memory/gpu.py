@@ -32,16 +32,22 @@ ACTIVATION_MARGIN = 0.34
 ANALYTIC_SLACK_FRACTION = 0.10
 
 
+def state_tensors(cfg: Config, optimizer: str) -> tuple[int, int]:
+    """The optimizer's state tensors per parameter and their bytes per element, as the allocator sees them: fp32-wide
+    states follow the weights' width, quantised ones are one byte per element; a factored optimizer's (Adafactor's
+    row and column vectors) are not per-parameter tensors (0)."""
+    info = OPTIMIZER[optimizer]
+    count = 0 if info.factored else (info.state_bytes // 4 if info.follows_weights else info.state_bytes)
+    return count, cfg.state_width() if info.follows_weights else 1
+
+
 def states_slack(spec, cfg: Config, states, optimizer: str) -> int:
     """reserved - allocated of the model states' own allocations."""
     if cfg.engine == DEEPSPEED:
         sizes = tuple(part for part in (states.parameters, states.gradients, states.optimizer_states) if part > 0)
         return _slack(sizes)
     width, grad_width = cfg.weight_bytes(), cfg.grad_bytes()
-    info = OPTIMIZER[optimizer]
-    # states per parameter: fp32-wide ones follow the weights' width; quantised ones are one byte per element
-    state_width = cfg.state_width() if info.follows_weights else 1
-    count = 0 if info.factored else (info.state_bytes // 4 if info.follows_weights else info.state_bytes)
+    count, state_width = state_tensors(cfg, optimizer)
     shard = cfg.world_size if cfg.sharded else 1
     sizes: list[int] = []
     for numel in spec.tensor_sizes:

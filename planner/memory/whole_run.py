@@ -399,7 +399,7 @@ def run_allocations(spec, cfg, optimizer: str, gpu, batch: tuple[int, ...]) -> R
     from planner.memory.estimate import (
         BLAS_THREADS, DDP_BUCKET_CAP_BYTES, cublas_workspace_bytes, model_buffer_bytes,
     )
-    from planner.vocab import OPTIMIZER
+    from planner.memory.gpu import state_tensors
 
     width = cfg.weight_bytes()
     weights = [abs(n) * width for n in spec.tensor_sizes]
@@ -409,9 +409,7 @@ def run_allocations(spec, cfg, optimizer: str, gpu, batch: tuple[int, ...]) -> R
     if cfg.world_size > 1:  # DDP's flat gradient buckets, at its cap (torch/nn/parallel/distributed.py)
         total = sum(n for n in spec.tensor_sizes if n > 0) * cfg.grad_bytes()
         buckets = [DDP_BUCKET_CAP_BYTES] * (total // DDP_BUCKET_CAP_BYTES) + [total % DDP_BUCKET_CAP_BYTES]
-    info = OPTIMIZER[optimizer]
-    count = 0 if info.factored else (info.state_bytes // 4 if info.follows_weights else info.state_bytes)
-    state_width = cfg.state_width() if info.follows_weights else 1
+    count, state_width = state_tensors(cfg, optimizer)
     step = (4,) if count else ()  # Adam's `step` lives on the GPU when fused (torch/optim/adam.py `_init_group`)
     states = tuple(step + (n * state_width,) * count for n in spec.tensor_sizes if n > 0)
     return RunAllocations(weights=tuple(weights), buckets=tuple(b for b in buckets if b), batch=batch,
