@@ -1,5 +1,5 @@
 """Caching-allocator model vs. the real allocator: replay the same events on a CUDA GPU and through
-planner.memory.allocator.replay, and compare peak allocated / reserved bytes and device-call counts.
+planner.memory.allocator.replay, and compare peak allocated / requested / reserved bytes and device-call counts.
 
 Needs a CUDA GPU (exits 2 without one). Events come from a JSON file (a list of [op, key, size] with op "alloc" or
 "free", or the compact int form of planner.memory.allocator.iter_events) or from built-in synthetic patterns. Each
@@ -183,12 +183,14 @@ def compare_on_cuda(events, settings: AllocatorSettings | None = None) -> dict:
     if settings.expandable_segments:
         notes.append("measured 'segments' is torch's segment stat, which expandable segments do not increment")
     base_allocated, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    base_requested = torch.cuda.memory_stats().get("requested_bytes.all.current", 0)
     if base_allocated or base_reserved:
         notes.append(f"allocator not empty at start: {base_allocated} B allocated, {base_reserved} B reserved")
     oom_event, gpu_seconds = _run_on_gpu(torch, events)
     stats = torch.cuda.memory_stats()
     measured = {
         "peak_allocated": torch.cuda.max_memory_allocated() - base_allocated,
+        "peak_requested": stats.get("requested_bytes.all.peak", 0) - base_requested,
         "peak_reserved": torch.cuda.max_memory_reserved() - base_reserved,
         "segments": stats.get("segment.all.peak"), "cuda_mallocs": stats.get("num_device_alloc"),
         "cuda_frees": stats.get("num_device_free"), "alloc_retries": stats.get("num_alloc_retries"),
@@ -203,6 +205,7 @@ def compare_on_cuda(events, settings: AllocatorSettings | None = None) -> dict:
         "settings": _settings_string(settings), "capacity_bytes": settings.capacity_bytes, "events": len(events),
         "measured": measured, "predicted": {**dataclasses.asdict(predicted), "seconds": model_seconds},
         "error_allocated": predicted.peak_allocated - measured["peak_allocated"],
+        "error_requested": predicted.peak_requested - measured["peak_requested"],
         "error_reserved": predicted.peak_reserved - measured["peak_reserved"], "notes": notes,
     }
 

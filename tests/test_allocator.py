@@ -74,6 +74,29 @@ def test_large_segment_sizes(request_bytes, reserved, allocated):
     assert (s.peak_reserved, s.peak_allocated) == (reserved, allocated)
 
 
+@pytest.mark.parametrize(("request_bytes", "allocated"), [
+    (10 * MiB + 512 * KiB, 10 * MiB + 512 * KiB),  # 12 MiB segment, remainder 1.5 MiB > kSmallSize: split
+    (11 * MiB + 512 * KiB, 12 * MiB),  # remainder 0.5 MiB: not split, allocated counts the whole 12 MiB block
+    (1000, 1024),  # small pool: split down to 512 B multiples, so only the request's rounding to 512 B shows
+])
+def test_allocated_counts_whole_blocks_requested_counts_the_request(request_bytes, allocated):
+    # alloc_found_block: allocated_bytes += block->size, requested_bytes += block->requested_size (= the request)
+    s = replay([alloc(0, request_bytes)])
+    assert (s.peak_allocated, s.peak_requested, s.rounding) == (allocated, request_bytes, allocated - request_bytes)
+
+
+def test_the_last_piece_of_a_20mib_segment_is_taken_whole():
+    # 1.125 MiB (a 768 x 768 fp16 weight) x 17 from one 20 MiB segment: the 17th finds a 2 MiB block, whose 0.875 MiB
+    # remainder is not > kSmallSize, so it takes all 2 MiB. Freeing it gives the 0.875 MiB back to allocated too.
+    size = 1152 * KiB
+    events = [alloc(i, size) for i in range(17)]
+    s = replay(events)
+    assert (s.cuda_mallocs, s.peak_allocated, s.peak_requested) == (1, 20 * MiB, 17 * size)
+    assert s.rounding == 20 * MiB - 17 * size == 896 * KiB
+    s = replay([*events, free(16)])
+    assert (s.final_allocated, s.peak_requested) == (16 * size, 17 * size)
+
+
 def test_get_allocation_size_and_round_size_helpers():
     assert round_size(0) == round_size(511) == 512
     assert round_size(513) == 1024
@@ -384,6 +407,9 @@ def _check_invariants(sim: A._Allocator, live: dict) -> None:
         assert not segment.page or mapped % segment.page == 0
         reserved += mapped
     assert (reserved, allocated, len(segments)) == (sim.reserved, sim.allocated, sim.segments)
+    live_blocks = [b for b in live.values() if b is not None]
+    assert sim.requested == sum(b.requested for b in live_blocks) <= sim.allocated
+    assert all(0 < b.requested <= b.size for b in live_blocks)
 
 
 def _random_events(rng: random.Random, n: int, live_limit: int = 1 << 62) -> list:
@@ -437,7 +463,7 @@ def test_random_sequences_keep_the_invariants(name):
                 sim.free(live.pop(key))
             _check_invariants(sim, live)
         stats = replay(events, settings)
-        assert stats.peak_reserved >= stats.peak_allocated >= 0
+        assert stats.peak_reserved >= stats.peak_allocated >= stats.peak_requested >= 0
         assert stats.peak_allocated == sim.peak_allocated and stats.peak_reserved == sim.peak_reserved
         if settings.capacity_bytes is not None:
             assert stats.peak_reserved <= settings.capacity_bytes

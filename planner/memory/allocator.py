@@ -108,6 +108,7 @@ class AllocatorStats:
     """Result of a replay. Byte counts are what torch's allocator statistics would show."""
 
     peak_allocated: int  # max_memory_allocated(): sum of in-use *block* sizes (rounded, unsplit remainders included)
+    peak_requested: int  # memory_stats()["requested_bytes.all.peak"]: sum of in-use requests as asked (CCA.cpp:1655)
     peak_reserved: int  # max_memory_reserved(): cudaMalloc'd segments, or mapped pages of expandable segments
     segments: int  # peak number of live segments (cudaMalloc'd segments; ExpandableSegments in expandable mode)
     cuda_mallocs: int  # num_device_alloc: cudaMalloc calls (classic) or page-range maps (expandable)
@@ -119,6 +120,15 @@ class AllocatorStats:
     final_reserved: int  # reserved bytes after the last event
     allocations: int  # non-empty allocations served
     unknown_frees: int  # frees of keys that were not live (ignored)
+
+    @property
+    def rounding(self) -> int:
+        """What max_memory_allocated counts beyond the bytes requested: alloc_found_block adds the whole block's size
+        to allocated_bytes and the request's to requested_bytes (CCA.cpp:1653-1655), so each request's rounding to
+        512 B and, where should_split keeps a block whole, its remainder (in the large pool up to kSmallSize, 1 MiB:
+        a 10.5 MiB request splits its 12 MiB segment, an 11.5 MiB one takes all 12) are allocated bytes no tensor
+        holds. Both are peaks of their own; allocated >= requested at every moment, so the difference is >= 0."""
+        return self.peak_allocated - self.peak_requested
 
 
 # --- size rules -------------------------------------------------------------------------------------------------
@@ -170,13 +180,14 @@ class _Segment:
 class _Block:
     """struct Block (CCA.cpp:185): a piece of a segment, linked to its address neighbours."""
 
-    __slots__ = ("addr", "allocated", "mapped", "next", "pool", "prev", "segment", "size")
+    __slots__ = ("addr", "allocated", "mapped", "next", "pool", "prev", "requested", "segment", "size")
 
     def __init__(self, addr: int, size: int, pool: _Pool, segment: _Segment, mapped: bool = True) -> None:
         self.addr, self.size, self.pool, self.segment, self.mapped = addr, size, pool, segment, mapped
         self.prev: _Block | None = None
         self.next: _Block | None = None
         self.allocated = False
+        self.requested = 0  # Block::requested_size: the request's own bytes while allocated
 
 
 class _Pool:
@@ -244,6 +255,7 @@ class _Allocator:
         self.device_total = _DEFAULT_DEVICE_BYTES if settings.capacity_bytes is None else settings.capacity_bytes
         self.small, self.large = _Pool(True), _Pool(False)
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        self.requested = self.peak_requested = 0
         self.segments = self.peak_segments = 0
         self.device_allocs = self.device_frees = self.retries = 0
         self._next_address = _ADDRESS_BASE
@@ -258,7 +270,7 @@ class _Allocator:
             block = self._alloc_with_retries(pool, size)
             if block is None:
                 return None  # CCA.cpp:1450-1571: OutOfMemoryError
-        return self._alloc_found_block(pool, block, size)
+        return self._alloc_found_block(pool, block, size, orig_size)
 
     def _alloc_with_retries(self, pool: _Pool, size: int) -> _Block | None:
         """The retry chain of malloc (CCA.cpp:1413-1421): new segment; else free oversize cached blocks and retry;
@@ -321,7 +333,7 @@ class _Allocator:
         self._grow_reserved(alloc_size)  # stats.reserved_bytes, CCA.cpp:3230
         return block
 
-    def _alloc_found_block(self, pool: _Pool, block: _Block, size: int) -> _Block:
+    def _alloc_found_block(self, pool: _Pool, block: _Block, size: int, orig_size: int) -> _Block:
         """alloc_found_block (CCA.cpp:1578-1675): split off the remainder if should_split, then count the block."""
         if self._should_split(block, size):  # CCA.cpp:1573
             remaining = block
@@ -331,8 +343,11 @@ class _Allocator:
             remaining.size -= size
             pool.insert(remaining)
         block.allocated = True
+        block.requested = orig_size  # block->requested_size = orig_size
         self.allocated += block.size  # allocated_bytes grows by the block size, CCA.cpp:1653
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.requested += orig_size  # requested_bytes by the request's, CCA.cpp:1655
+        self.peak_requested = max(self.peak_requested, self.requested)
         return block
 
     def _should_split(self, block: _Block, size: int) -> bool:
@@ -347,6 +362,8 @@ class _Allocator:
         """DeviceCachingAllocator::free (CCA.cpp:1895-1958) without stream uses: free_block at once."""
         block.allocated = False
         self.allocated -= block.size  # CCA.cpp:1910
+        self.requested -= block.requested
+        block.requested = 0
         self._free_block(block)
 
     def _free_block(self, block: _Block) -> None:
@@ -587,7 +604,8 @@ def replay(events: Iterable, settings: AllocatorSettings = AllocatorSettings()) 
     """
     sim, _, oom_event, unknown, allocations = _run(events, settings)
     return AllocatorStats(
-        peak_allocated=sim.peak_allocated, peak_reserved=sim.peak_reserved, segments=sim.peak_segments,
+        peak_allocated=sim.peak_allocated, peak_requested=sim.peak_requested, peak_reserved=sim.peak_reserved,
+        segments=sim.peak_segments,
         cuda_mallocs=sim.device_allocs, cuda_frees=sim.device_frees, alloc_retries=sim.retries,
         oom=oom_event is not None, oom_event=oom_event, final_allocated=sim.allocated,
         final_reserved=sim.reserved, allocations=allocations, unknown_frees=unknown,
