@@ -71,6 +71,30 @@ def test_replaying_a_real_steps_events_covers_its_live_peak():
     assert stats.peak_reserved >= stats.peak_allocated and not stats.oom
 
 
+def test_allocated_counts_the_blocks_the_allocator_keeps_whole():
+    """max_memory_allocated counts whole blocks, requested bytes do not (CCA alloc_found_block): a sharded estimate,
+    whose step and model states are replayed apart, holds both replays' rounding in its allocated peak and their
+    slack above it."""
+    from planner.config import Config
+    from planner.hardware import lookup_gpu
+    from planner.memory.estimate import Evaluation
+    from planner.memory.gpu import states_view
+    from planner.models import resolve_model
+
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=768, intermediate_size=2048,
+                                      num_attention_heads=12, vocab_size=3000, architectures=["LlamaForCausalLM"])
+    evaluation = Evaluation(resolve_model(config), seq_len=128, optimizer="adamw", device="cuda",
+                            gpu=lookup_gpu("A100-80GB"), gpus_per_node=2)
+    cfg = Config.of(micro_batch=2, grad_accum=1, world_size=2, precision="bf16-mixed", checkpointing="none",
+                    zero_stage=3, offload="none", engine="fsdp")
+    est = evaluation.estimate(cfg, "trace")
+    spec = evaluation.resolved.spec
+    view = evaluation.step_view(cfg, est.activations, "trace") + states_view(spec, cfg, evaluation.states(cfg), "adamw")
+    assert (est.terms.allocator_rounding, est.terms.allocator_slack) == (view.rounding, view.slack)
+    assert view.rounding > 0 and est.peak_allocated - view.rounding == (
+        est.model_states + est.activations + est.terms.model_buffers + est.terms.cublas_workspace)
+
+
 def test_the_margin_is_the_published_benchmarks_90th_percentile():
     rows = [r for r in json.loads(RESULTS.read_text())["rows"] if not r["approximate"]]
     ratios = sorted(r["activation_ratio"] for r in rows)

@@ -127,6 +127,24 @@ def test_gpu_view_drops_attention_dropout_masks_and_adds_overheads():
     assert gpu.terms.cuda_context > 0
 
 
+@pytest.mark.parametrize("objective", ["labels", "sum"])
+def test_the_allocator_replay_requests_the_bytes_the_trace_counts(monkeypatch, objective):
+    """The step's replay asks for exactly the live bytes the tracker peaks at (the sum objective's carried outputs
+    included), so what it adds on top (rounding, slack) is the allocator's alone."""
+    import planner.memory.allocator as allocator
+
+    seen = []
+    real = allocator.replay
+    monkeypatch.setattr(allocator, "replay", lambda events: seen.append(real(events)) or seen[-1])
+    point = run_trace(tiny_llama(2), 2, req(activations="mixed", objective=objective, autocast_device="cuda"),
+                      profile=False)
+    (stats,) = seen
+    assert stats.peak_requested == point.activations
+    assert (point.rounding, point.slack) == (stats.peak_allocated - stats.peak_requested,
+                                             stats.peak_reserved - stats.peak_allocated)
+    assert point.rounding > 0  # the step's small tensors round up to 512 B blocks
+
+
 def test_7b_traced_estimate_is_fast():
     start = time.perf_counter()
     est = estimate_memory("meta-llama/Llama-2-7b-hf", micro_batch=1, seq_len=2048, precision="bf16-mixed")

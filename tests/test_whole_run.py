@@ -7,10 +7,11 @@ import pytest
 import transformers
 
 from planner.memory.allocator import replay
+from planner.memory.gpu import AllocatorView
 from planner.memory.trace import TraceRequest, run_trace
 from planner.memory.whole_run import (
     RUN_STEPS, NotRepeatable, RunAllocations, Template, decode, full_depth_micro_step, region_code, run_events,
-    whole_run_slack,
+    whole_run_view,
 )
 
 MiB = 2**20
@@ -113,13 +114,14 @@ def test_where_the_workspaces_land_can_decide_the_reserved_peak_and_the_larger_i
     """64 MiB allocated and freed, then the first matmul (its 32 MiB workspace), then 64 MiB again. At the matmul
     the workspace splits the cached 64 MiB block, so the second 64 MiB needs a segment of its own: 128 MiB reserved
     for 96 MiB allocated. Allocated first, the workspace has a segment of its own and the second 64 MiB reuses the
-    first's: 96 MiB for 96. The estimate keeps the 32 MiB the first placement costs."""
+    first's: 96 MiB for 96. The estimate keeps the 32 MiB the first placement costs. Every request is a whole 2 MiB
+    multiple that fills its block, so allocated counts no more than was requested."""
     step = Template(events=(64 * MiB, -1, 64 * MiB, -2), codes=(region_code(0, False),) * 4, layers=1,
                     marks=(2, -1))
     run = RunAllocations(weights=(), workspaces=(32 * MiB,))
     at_matmul = replay(run_events(full_depth_micro_step(step, 1), None, run))
     assert (at_matmul.peak_reserved, at_matmul.peak_allocated) == (128 * MiB, 96 * MiB)
-    assert whole_run_slack(step, None, 1, 1, run) == 32 * MiB
+    assert whole_run_view(step, None, 1, 1, run) == AllocatorView(rounding=0, slack=32 * MiB)
 
 
 def test_a_one_gpu_estimate_replays_the_whole_run_and_a_sharded_one_does_not():
@@ -134,7 +136,8 @@ def test_a_one_gpu_estimate_replays_the_whole_run_and_a_sharded_one_does_not():
                        zero_stage=0, offload="none")
     sharded = Config.of(micro_batch=2, grad_accum=2, world_size=2, precision="bf16-mixed", checkpointing="none",
                         zero_stage=3, offload="none")
-    assert evaluation.whole_run_slack(single) is not None
-    assert evaluation.whole_run_slack(sharded) is None
+    assert evaluation.whole_run_view(single) is not None
+    assert evaluation.whole_run_view(sharded) is None
     est = evaluation.estimate(single, "trace")
-    assert est.terms.allocator_slack == evaluation.whole_run_slack(single)
+    view = evaluation.whole_run_view(single)
+    assert (est.terms.allocator_rounding, est.terms.allocator_slack) == (view.rounding, view.slack)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from planner.config import Config
 from planner.errors import InputError
 from planner.memory import analytic, states
-from planner.memory.gpu import ACTIVATION_MARGIN, ANALYTIC_SLACK_FRACTION, states_slack
+from planner.memory.gpu import ACTIVATION_MARGIN, ANALYTIC_SLACK_FRACTION, AllocatorView, states_view
 from planner.memory.kernels import attention_kernel
 from planner.memory.trace import TraceRequest, trace_activations
 from planner.vocab import (
@@ -126,6 +126,8 @@ class MemoryTerms(BaseModel):
     optimizer_transient: int = 0   # temporaries of the optimizer step (part of the tensors' peak)
     model_buffers: int = 0         # the module's registered buffers, whole on every GPU (`model_buffer_bytes`)
     cublas_workspace: int = 0      # allocated through the caching allocator
+    #: max_memory_allocated beyond the tensors' bytes: blocks the allocator hands out whole (AllocatorView.rounding)
+    allocator_rounding: int = 0
     ddp_buckets: int = 0           # DDP's flat gradient buckets
     zero_buckets: int = 0          # DeepSpeed's reduce / all-gather / prefetch buckets
     allocator_slack: int = 0       # reserved - allocated
@@ -136,7 +138,8 @@ class MemoryTerms(BaseModel):
     @property
     def allocated_overheads(self) -> int:
         """What the caching allocator holds beyond model states and activations."""
-        return self.model_buffers + self.cublas_workspace + self.ddp_buckets + self.zero_buckets
+        return (self.model_buffers + self.cublas_workspace + self.ddp_buckets + self.zero_buckets
+                + self.allocator_rounding)
 
     @property
     def outside_allocator(self) -> int:
@@ -421,31 +424,34 @@ class Evaluation:
         return trace_activations(resolved.config, spec.config_hash, spec.layers, self.trace_request(cfg),
                                  resolved.trust_remote_code, batch_slope=False)
 
-    def step_slack(self, cfg: Config, act: int, method: EstimateMethod) -> int:
-        """What the caching allocator reserves beyond the step's own live bytes: replayed from the trace, or for a
-        formula estimate a share of its activations (`gpu.ANALYTIC_SLACK_FRACTION`)."""
+    def step_view(self, cfg: Config, act: int, method: EstimateMethod) -> AllocatorView:
+        """What the caching allocator's statistics add to the step's own live bytes: replayed from the trace, or for a
+        formula estimate a share of its activations reserved (`gpu.ANALYTIC_SLACK_FRACTION`)."""
         if method == TRACE:
-            return int(self._fit(cfg).slack * (self.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1))
-        return int(ANALYTIC_SLACK_FRACTION * act)
+            fit = self._fit(cfg)
+            view = AllocatorView(rounding=fit.rounding, slack=fit.slack)
+            return view.scaled(self.tensor_parallel_share(cfg)) if cfg.tensor_parallel > 1 else view
+        return AllocatorView(slack=int(ANALYTIC_SLACK_FRACTION * act))
 
-    def whole_run_slack(self, cfg: Config) -> int | None:
-        """reserved - allocated of the whole run at full depth for the runs planner/memory/whole_run.py writes (one
+    def whole_run_view(self, cfg: Config) -> AllocatorView | None:
+        """The allocator's view of the whole run at full depth for the runs planner/memory/whole_run.py writes (one
         GPU or DDP, eager, the whole model on the Trainer's loss); None for others."""
-        from planner.memory.whole_run import evaluation_slack
+        from planner.memory.whole_run import evaluation_view
 
         key = cfg.model_dump_json(include={"micro_batch", "grad_accum", "world_size", "precision", "checkpointing",
                                            "engine", "tensor_parallel", "compiled"})
         if key not in self._whole_run:
-            self._whole_run[key] = evaluation_slack(self, cfg)
+            self._whole_run[key] = evaluation_view(self, cfg)
         return self._whole_run[key]
 
-    def allocator_slack(self, cfg: Config, act: int, method: EstimateMethod, states_) -> int:
-        """reserved - allocated: the whole run's replay where it applies (`whole_run_slack`), else the step's and the
-        model states' replayed apart (or, for formula estimates, a share of the activations)."""
-        whole = self.whole_run_slack(cfg) if method == TRACE else None
+    def allocator_view(self, cfg: Config, act: int, method: EstimateMethod, states_) -> AllocatorView:
+        """Allocated beyond the tensors and reserved beyond allocated: the whole run's replay where it applies
+        (`whole_run_view`), else the step's and the model states' replayed apart (or, for formula estimates, a share
+        of the activations)."""
+        whole = self.whole_run_view(cfg) if method == TRACE else None
         if whole is not None:
             return whole
-        return self.step_slack(cfg, act, method) + states_slack(self.resolved.spec, cfg, states_, self.optimizer)
+        return self.step_view(cfg, act, method) + states_view(self.resolved.spec, cfg, states_, self.optimizer)
 
     def estimate(self, cfg: Config, method: str = AUTO_METHOD) -> MemoryEstimate:
         act, used = self.activations(cfg, method)
@@ -453,10 +459,10 @@ class Evaluation:
 
     def combine(self, cfg: Config, act: int, method: EstimateMethod) -> MemoryEstimate:
         states_ = self.states(cfg)
-        slack = 0
+        view = AllocatorView()
         if self.device == "cuda":
-            slack = self.allocator_slack(cfg, act, method, states_)
-        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, slack, self.gpu,
+            view = self.allocator_view(cfg, act, method, states_)
+        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, view, self.gpu,
                        self.gpus_per_node)
 
 
@@ -503,7 +509,8 @@ def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
 
 
 def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: EstimateMethod, optimizer: str,
-            device: str, slack: int = 0, gpu=None, gpus_per_node: int | None = None) -> MemoryEstimate:
+            device: str, view: AllocatorView = AllocatorView(), gpu=None, gpus_per_node: int | None = None
+            ) -> MemoryEstimate:
     """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
     step's. The first micro-batch of a step runs with no gradients allocated yet (its traced activations include
     the gradients its backward has made by its peak); later ones (grad_accum > 1) with all of them. On the CPU, host
@@ -515,7 +522,7 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
         tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
     if device == "cpu":
         tensors += ms.host_tensors
-    terms = _terms(spec, cfg, ms, slack, transient, device, gpu, gpus_per_node)
+    terms = _terms(spec, cfg, ms, view, transient, device, gpu, gpus_per_node)
     if device == "cuda" and not ESTIMATE[method].measured:
         terms = terms.model_copy(update={"error_margin": int(ACTIVATION_MARGIN * act)})
     peak_allocated = tensors + terms.allocated_overheads
@@ -534,7 +541,7 @@ def model_buffer_bytes(spec, cfg: Config) -> int:
     return spec.other_buffer_bytes + cfg.weight_bytes() * spec.float_buffer_elements
 
 
-def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int, device: str,
+def _terms(spec, cfg: Config, ms: states.ModelStates, view: AllocatorView, transient: int, device: str,
            gpu=None, gpus_per_node: int | None = None) -> MemoryTerms:
     """The model's and the engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver
     add."""
@@ -556,7 +563,7 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, slack: int, transient: int
     return MemoryTerms(
         optimizer_transient=transient, model_buffers=buffers,
         cublas_workspace=BLAS_THREADS * cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
-        allocator_slack=slack,
+        allocator_rounding=view.rounding, allocator_slack=view.slack,
         cuda_context=cuda_context_bytes(gpu), nccl_buffers=nccl_buffer_bytes(gpu, cfg, gpus_per_node))
 
 

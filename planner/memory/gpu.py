@@ -1,9 +1,11 @@
 """The GPU view above the tensors: what the CUDA caching allocator reserves beyond them, and what the process holds
 outside it.
 
-Reserved - allocated comes from replaying allocations through the allocator model (planner/memory/allocator.py). A
-one-GPU or DDP run is replayed whole (planner/memory/whole_run.py). For the others: the step's own allocations and
-frees as the trace recorded them (trace.TracePoint.slack), and here the model states, allocated once and kept: one
+What the allocator's statistics show above the tensors' own bytes (`AllocatorView`: allocated beyond the requests,
+reserved beyond allocated) comes from replaying allocations through the allocator model
+(planner/memory/allocator.py). A one-GPU or DDP run is replayed whole (planner/memory/whole_run.py). For the others:
+the step's own allocations and frees as the trace recorded them (trace.TracePoint), and here the model states,
+allocated once and kept: one
 tensor per parameter for weights, gradients and optimizer states on the torch and FSDP2 engines (FSDP2 keeps each
 parameter's shard as its own tensor), a few flat buffers on DeepSpeed (its ZeRO optimizer flattens each parameter group:
 deepspeed/runtime/zero/stage_1_and_2.py `flatten_dense_tensors_aligned`).
@@ -11,10 +13,11 @@ deepspeed/runtime/zero/stage_1_and_2.py `flatten_dense_tensors_aligned`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.config import Config
-from planner.memory.allocator import replay
+from planner.memory.allocator import AllocatorStats, replay
 from planner.vocab import DEEPSPEED, OPTIMIZER
 
 #: The margin held back on predicted activations for the model's measured error: over the published HF-code GPU
@@ -32,6 +35,26 @@ ACTIVATION_MARGIN = 0.34
 ANALYTIC_SLACK_FRACTION = 0.10
 
 
+@dataclass(frozen=True)
+class AllocatorView:
+    """What torch's allocator statistics add to the tensors' own bytes, per GPU: `rounding`, max_memory_allocated
+    beyond the bytes requested (whole blocks the allocator did not split: `AllocatorStats.rounding`), and `slack`,
+    max_memory_reserved beyond max_memory_allocated (the segments' free room)."""
+
+    rounding: int = 0
+    slack: int = 0
+
+    @classmethod
+    def of(cls, stats: AllocatorStats) -> AllocatorView:
+        return cls(rounding=stats.rounding, slack=stats.peak_reserved - stats.peak_allocated)
+
+    def __add__(self, other: AllocatorView) -> AllocatorView:
+        return AllocatorView(self.rounding + other.rounding, self.slack + other.slack)
+
+    def scaled(self, factor: float) -> AllocatorView:
+        return AllocatorView(int(self.rounding * factor), int(self.slack * factor))
+
+
 def state_tensors(cfg: Config, optimizer: str) -> tuple[int, int]:
     """The optimizer's state tensors per parameter and their bytes per element, as the allocator sees them: fp32-wide
     states follow the weights' width, quantised ones are one byte per element; a factored optimizer's (Adafactor's
@@ -41,11 +64,11 @@ def state_tensors(cfg: Config, optimizer: str) -> tuple[int, int]:
     return count, cfg.state_width() if info.follows_weights else 1
 
 
-def states_slack(spec, cfg: Config, states, optimizer: str) -> int:
-    """reserved - allocated of the model states' own allocations."""
+def states_view(spec, cfg: Config, states, optimizer: str) -> AllocatorView:
+    """The allocator's view of the model states' own allocations."""
     if cfg.engine == DEEPSPEED:
         sizes = tuple(part for part in (states.parameters, states.gradients, states.optimizer_states) if part > 0)
-        return _slack(sizes)
+        return _view(sizes)
     width, grad_width = cfg.weight_bytes(), cfg.grad_bytes()
     count, state_width = state_tensors(cfg, optimizer)
     shard = cfg.world_size if cfg.sharded else 1
@@ -56,10 +79,9 @@ def states_slack(spec, cfg: Config, states, optimizer: str) -> int:
         if numel > 0:
             sizes.append(part * grad_width)
             sizes += [part * state_width] * count
-    return _slack(tuple(sizes))
+    return _view(tuple(sizes))
 
 
 @lru_cache(maxsize=256)
-def _slack(sizes: tuple[int, ...]) -> int:
-    stats = replay(("alloc", i, size) for i, size in enumerate(sizes))
-    return max(0, stats.peak_reserved - sum(sizes))
+def _view(sizes: tuple[int, ...]) -> AllocatorView:
+    return AllocatorView.of(replay(("alloc", i, size) for i, size in enumerate(sizes)))

@@ -31,17 +31,17 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 23
+CACHE_VERSION = 24
 
 
 @dataclass(frozen=True)
 class TracePoint:
-    """One trace: the activation peak above the model states, and what the CUDA caching allocator would reserve
-    beyond the step's live bytes at its peak (the step's allocations and frees replayed through
-    planner/memory/allocator.py, which rounds blocks, carves segments and leaves the gaps the step's order leaves)."""
+    """One trace: the activation peak above the model states, and what the CUDA caching allocator's statistics would
+    add to the step's live bytes (the step's allocations and frees replayed through planner/memory/allocator.py,
+    which rounds blocks, carves segments and leaves the gaps the step's order leaves)."""
 
     activations: int
-    slack: int
+    slack: int              # max_memory_reserved - max_memory_allocated of the step's replay
     #: planner.memory.profile.Profile as JSON: the step's ops, for the speed model; None where the trace was run for
     #: its memory alone (recording the ops costs a tenth of a trace)
     profile: dict | None
@@ -50,6 +50,7 @@ class TracePoint:
     #: the step's allocations and frees with where in the model each happened (planner/memory/whole_run.py
     #: `Template.to_json`), from which the whole run at full depth is written; None where the blocks were not found
     template: dict | None = None
+    rounding: int = 0       # max_memory_allocated - the bytes requested, of the step's replay (AllocatorStats.rounding)
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,13 @@ class TraceFit:
     block_fixed: float
     block_per_sample: float
     layers_traced: tuple[int, ...]
-    #: reserved - allocated of the step's own allocations at the anchor micro-batch, at any depth: the larger of the
-    #: traced depths'. It does not grow with depth: the gaps are left by the step's largest transients (logits, the
-    #: loss, a block's scratch), which later blocks reuse; traced bloom-560m at seq 2048 (mb 4, selective) gives
-    #: 7.1, 6.9, 7.8, 7.4 and 7.5 GB at 2, 3, 4, 6 and all 24 blocks, so a per-block slope would extrapolate noise
-    #: (+17 GB at 24 blocks).
+    #: reserved - allocated of the step's own allocations at the anchor micro-batch, at any depth: the traced depth's
+    #: whose reserved is the larger (with `rounding`, allocated - requested, of the same replay). It does not grow
+    #: with depth: the gaps are left by the step's largest transients (logits, the loss, a block's scratch), which
+    #: later blocks reuse; traced bloom-560m at seq 2048 (mb 4, selective) gives 7.1, 6.9, 7.8, 7.4 and 7.5 GB at 2,
+    #: 3, 4, 6 and all 24 blocks, so a per-block slope would extrapolate noise (+17 GB at 24 blocks).
     slack: int = 0
+    rounding: int = 0
     #: The forward phase's own fit, where the phases were fitted apart (this one's coefficients are then the
     #: backward's). The step's peak is the larger of the two phases' peaks, and which phase holds it can change with
     #: depth: under full checkpointing autocast's 16-bit weight copies stay cached for the whole forward (the
@@ -172,9 +174,10 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
     anchor = [_cached_trace(config, config_hash, layers, req, trust_remote_code) for layers in depths]
     more = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code)
             for layers in depths] if batch_slope else None
-    slack = max(point.slack for point in anchor)
+    widest = max(anchor, key=lambda point: point.slack + point.rounding)
     backward = _phase_fit(depths, (b1, b2), anchor, more, lambda p: p.backward)
-    return replace(backward, slack=slack, forward=_phase_fit(depths, (b1, b2), anchor, more, lambda p: p.forward))
+    return replace(backward, slack=widest.slack, rounding=widest.rounding,
+                   forward=_phase_fit(depths, (b1, b2), anchor, more, lambda p: p.forward))
 
 
 def _fit_jobs(depths: tuple[int, ...], req: TraceRequest, batch_slope: bool) -> list[tuple[int, TraceRequest, bool]]:
@@ -245,10 +248,9 @@ def _lookup(key: str, profile: bool) -> TracePoint | None:
     result = _memory_cache.get(key)
     if result is None:
         stored = load_json("traces", key)
-        if stored is not None and {"activations", "slack", "profile", "forward", "backward"} <= set(stored):
-            result = _memory_cache[key] = TracePoint(**{k: stored[k] for k in
-                                                        ("activations", "slack", "profile", "forward", "backward")},
-                                                     template=stored.get("template"))
+        fields = ("activations", "slack", "rounding", "profile", "forward", "backward")
+        if stored is not None and set(fields) <= set(stored):
+            result = _memory_cache[key] = TracePoint(**{k: stored[k] for k in fields}, template=stored.get("template"))
     return None if result is None or (profile and result.profile is None) else result
 
 
@@ -549,6 +551,6 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     if regions:
         marks = tuple(next((m for m in tracker.matmul_marks if (m > forward_end) == phase), -1) for phase in (0, 1))
         template = Template.from_tracker(tracker.events, tracker.tags, layers, batch_bytes, marks).to_json()
-    return TracePoint(activations=peak, slack=max(0, replayed.peak_reserved - peak),
-                      profile=recorder.profile.to_json() if recorder else None, forward=forward, backward=backward,
-                      template=template)
+    return TracePoint(activations=peak, slack=replayed.peak_reserved - replayed.peak_allocated,
+                      rounding=replayed.rounding, profile=recorder.profile.to_json() if recorder else None,
+                      forward=forward, backward=backward, template=template)

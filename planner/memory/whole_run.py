@@ -419,7 +419,7 @@ def run_allocations(spec, cfg, optimizer: str, gpu, batch: tuple[int, ...]) -> R
 
 def whole_run_variants(first: Template, accumulating: Template | None, layers: int, period: int,
                        run: RunAllocations) -> list[list]:
-    """The whole run written at `layers` blocks, once per placement of the cuBLAS workspaces (`whole_run_slack`):
+    """The whole run written at `layers` blocks, once per placement of the cuBLAS workspaces (`whole_run_view`):
     at each thread's first matmul, and before the run (NotRepeatable if the templates' blocks do not repeat)."""
     from dataclasses import replace
 
@@ -429,34 +429,35 @@ def whole_run_variants(first: Template, accumulating: Template | None, layers: i
             for variant in (run, replace(run, weights=run.weights + run.workspaces, workspaces=()))]
 
 
-def whole_run_slack(first: Template, accumulating: Template | None, layers: int, period: int,
-                    run: RunAllocations) -> int:
-    """max_memory_reserved - max_memory_allocated of the whole run written at `layers` blocks and replayed through
-    the allocator model (NotRepeatable if the templates' blocks do not repeat).
+def whole_run_view(first: Template, accumulating: Template | None, layers: int, period: int,
+                   run: RunAllocations):
+    """The allocator's view (planner/memory/gpu.py `AllocatorView`: allocated - requested, reserved - allocated) of the
+    whole run written at `layers` blocks and replayed through the allocator model (NotRepeatable if the templates'
+    blocks do not repeat).
 
     Where the two cuBLAS workspaces land decides some runs' reserved peak: allocated at a thread's first matmul, a
     32 MiB workspace splits a cached block of a large segment and stays there, and whether the step's largest
     tensors then fit the segments left can turn on it. The lent H100's steps show both outcomes: BERT-large's follow
     the workspaces placed at their first matmuls, BLOOM-560m's selective-checkpointing ones follow the workspaces
     kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/gpu_measured-H100-80GB.json);
-    what the real run does first is not in the trace. The estimate takes the larger of the two replays."""
+    what the real run does first is not in the trace. The estimate takes the replay that reserves more above the
+    requested bytes."""
     from planner.memory.allocator import replay
+    from planner.memory.gpu import AllocatorView
 
-    slack = 0
-    for events in whole_run_variants(first, accumulating, layers, period, run):
-        stats = replay(events)
-        slack = max(slack, stats.peak_reserved - stats.peak_allocated)
-    return slack
+    variants = whole_run_variants(first, accumulating, layers, period, run)
+    views = [AllocatorView.of(replay(events)) for events in variants]
+    return max(views, key=lambda view: view.rounding + view.slack)
 
 
-def evaluation_slack(evaluation, cfg) -> int | None:
-    """`whole_run_slack` for a configuration of an Evaluation (planner/memory/estimate.py); None for the runs this
+def evaluation_view(evaluation, cfg):
+    """`whole_run_view` for a configuration of an Evaluation (planner/memory/estimate.py); None for the runs this
     module does not write (`evaluation_runs`)."""
     found = evaluation_runs(evaluation, cfg)
     if found is None:
         return None
     try:
-        return whole_run_slack(*found)
+        return whole_run_view(*found)
     except NotRepeatable:
         return None
 
