@@ -10,9 +10,19 @@ tiny HF blocks (hidden 64, 16 tokens: the kernels cost next to nothing), per blo
     bookkeeping = step(checkpointed) - step(plain) - forward(grad enabled)        (the recompute is a forward)
 
 and divides it by the same host's cost of a Python view op (`x.view`, the planner's `python_op_us`), so that another
-host's figure follows from its own view-op cost (planner/hardware/efficiency_data.py multiplies them). Within a round
-the sizes and modes are timed interleaved, seven times, each taken as its median (a shared host drifts); rounds
-alternate the models; the result is the median over rounds and models.
+host's figure follows from its own view-op cost (planner/hardware/efficiency_data.py multiplies them).
+
+Selective checkpointing (the per-op policy the planner emits, planner/memory/step.py `_sac_context`) adds a Python
+TorchDispatchMode that handles every op of the block, once in the forward and once in the recompute
+(torch/utils/checkpoint.py `_CachingTorchDispatchMode`, `_CachedTorchDispatchMode`, each calling the policy). Its
+cost is measured per op handled:
+
+    policy op = (step(selective) - step(checkpointed)) / (2 x aten ops in the block's forward)
+
+(the recompute's dispatches are the same in both: the policy's saved ops still pass through its mode), the ops
+counted by a dispatch mode over a forward. Within a round the sizes and modes are timed interleaved, seven times, each
+taken as its median (a shared host drifts); rounds alternate the models; the results are medians over rounds and
+models.
 
 Run:  python benchmarks/checkpoint_host_cost.py [--rounds 3] [--device cpu|cuda]
       [--out benchmarks/results/checkpoint_host_cost.json]
@@ -31,6 +41,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 LAYERS = (2, 8)
 TOKENS = 16
@@ -55,11 +66,12 @@ def build(kind: str, layers: int, device: str):
 
 def step_seconds(model, mode: str, device: str, steps: int = 20) -> float:
     """Mean time of a step: 'plain' forward+backward, 'checkpointed' the same with every block checkpointed,
-    'forward' a grad-enabled forward alone."""
-    if mode == "checkpointed":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
+    'selective' with the planner's per-op policy, 'forward' a grad-enabled forward alone."""
+    from planner.memory.step import enable_checkpointing
+
+    model.gradient_checkpointing_disable()
+    if mode in ("checkpointed", "selective"):
+        enable_checkpointing(model, "full" if mode == "checkpointed" else "selective")
     ids = torch.randint(0, 128, (1, TOKENS), device=device)
 
     def step():
@@ -86,11 +98,31 @@ def view_op_us(device: str, count: int = 20000) -> float:
     return (time.perf_counter() - start) / count * 1e6
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops a forward dispatches, as a selective-checkpointing policy's mode sees them."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forward_ops(model, device: str) -> int:
+    model.gradient_checkpointing_disable()
+    ids = torch.randint(0, 128, (1, TOKENS), device=device)
+    with _OpCounter() as counter:
+        model(input_ids=ids, labels=ids)
+    return counter.ops
+
+
 def measure(kind: str, device: str, repeats: int = 7) -> dict:
     """One round for one model: per-block times (us) and the view op's cost. The modes and sizes are timed
     interleaved, `repeats` times, and each quantity is the median over the repeats (a shared host drifts)."""
     models = {layers: build(kind, layers, device) for layers in LAYERS}
-    modes = ("plain", "checkpointed", "forward")
+    modes = ("plain", "checkpointed", "selective", "forward")
     samples = {(layers, mode): [] for layers in LAYERS for mode in modes}
     views = []
     for _ in range(repeats):
@@ -103,8 +135,11 @@ def measure(kind: str, device: str, repeats: int = 7) -> dict:
                  / blocks * 1e6 for mode in modes}
     bookkeeping = per_block["checkpointed"] - per_block["plain"] - per_block["forward"]
     view = statistics.median(views)
+    ops = (forward_ops(models[LAYERS[1]], device) - forward_ops(models[LAYERS[0]], device)) / blocks
+    policy_op = (per_block["selective"] - per_block["checkpointed"]) / (2 * ops)
     return {"model": kind, "per_block_us": per_block, "bookkeeping_us": bookkeeping, "view_op_us": view,
-            "python_ops": bookkeeping / view}
+            "python_ops": bookkeeping / view, "block_forward_ops": ops, "policy_op_us": policy_op,
+            "policy_op_python_ops": policy_op / view}
 
 
 def main() -> int:
@@ -127,12 +162,17 @@ def main() -> int:
             got = measure(kind, args.device)
             rounds.append(got)
             print(f"round {r + 1} {kind:<6} bookkeeping {got['bookkeeping_us']:7.0f} us/block  view op "
-                  f"{got['view_op_us']:.2f} us  = {got['python_ops']:6.0f} view ops", flush=True)
-    result = {"python_ops_per_block": statistics.median(g["python_ops"] for g in rounds),
-              "bookkeeping_us_per_block": statistics.median(g["bookkeeping_us"] for g in rounds),
-              "view_op_us": statistics.median(g["view_op_us"] for g in rounds)}
+                  f"{got['view_op_us']:.2f} us  = {got['python_ops']:6.0f} view ops; selective policy "
+                  f"{got['policy_op_us']:5.1f} us per op handled ({got['block_forward_ops']:.0f} ops a block) = "
+                  f"{got['policy_op_python_ops']:5.1f} view ops", flush=True)
+    result = {name: statistics.median(g[key] for g in rounds) for name, key in (
+        ("python_ops_per_block", "python_ops"), ("bookkeeping_us_per_block", "bookkeeping_us"),
+        ("view_op_us", "view_op_us"), ("policy_op_us", "policy_op_us"),
+        ("policy_op_python_ops", "policy_op_python_ops"))}
     print(f"median: {result['bookkeeping_us_per_block']:.0f} us per checkpointed block = "
-          f"{result['python_ops_per_block']:.0f} Python view ops (view op {result['view_op_us']:.2f} us)")
+          f"{result['python_ops_per_block']:.0f} Python view ops (view op {result['view_op_us']:.2f} us); "
+          f"selective checkpointing's policy {result['policy_op_us']:.1f} us per op handled = "
+          f"{result['policy_op_python_ops']:.1f} view ops")
     if args.out:
         record = {"device": args.device, "host": platform.processor() or platform.machine(),
                   "torch": torch.__version__, "transformers": transformers.__version__, "result": result,

@@ -25,7 +25,7 @@ from planner.hardware.efficiency_data import Efficiency
 from planner.memory.compiled import BACKWARD, COMPILED_DEVICE_RESIDUAL, FORWARD, CompileEffect
 from planner.memory.estimate import DDP_BUCKET_CAP_BYTES, DeepSpeedBuckets
 from planner.memory.profile import (
-    ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, PY_KERNELS, PY_VIEWS, Profile,
+    ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile,
 )
 from planner.models.spec import ModelSpec
 from planner.vocab import CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, OFFLOAD, OPTIMIZER, PRECISION, TORCH
@@ -190,11 +190,12 @@ class MicroStep:
 
 def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
     """The CPU's side of a micro-step: every kernel launched (from Python or the autograd engine), every view op
-    (Python's cost more: argument parsing), every nn.Module call."""
+    (Python's cost more: argument parsing), every nn.Module call, every op a selective-checkpointing policy's Python
+    dispatch mode handles."""
     d = profile.dispatch
     us = (d.get(PY_KERNELS, 0.0) * eff.dispatch_us + d.get(ENGINE_KERNELS, 0.0) * eff.engine_dispatch_us
           + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
-          + d.get(MODULE_CALLS, 0.0) * eff.module_call_us)
+          + d.get(MODULE_CALLS, 0.0) * eff.module_call_us + d.get(POLICY_OPS, 0.0) * eff.checkpoint_policy_op_us)
     return us * 1e-6
 
 

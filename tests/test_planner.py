@@ -121,9 +121,11 @@ def _tps(**kw):
 def test_speed_model_directions(mb, n, seq, zero, world):
     kw = dict(micro_batch=mb, grad_accum=n, seq_len=seq, zero_stage=zero, world_size=world, gpus_per_node=min(world, 8))
     base = _tps(**kw)
-    # recomputation costs compute (a longer backward may hide more communication, so compare the compute)
+    # recomputation costs compute (a longer backward may hide more communication, so compare the compute); which of
+    # selective and full costs more depends on the side that binds: selective recomputes fewer kernels but its
+    # policy's Python dispatch mode handles every op of a block twice, so a host-bound step pays more for it
     selective, full = _tps(**{**kw, "checkpointing": "selective"}), _tps(**{**kw, "checkpointing": "full"})
-    assert base.parts.compute <= selective.parts.compute * 1.01 and selective.parts.compute <= full.parts.compute * 1.01
+    assert base.parts.compute <= min(selective.parts.compute, full.parts.compute) * 1.01
     assert _tps(**{**kw, "precision": "fp32"}).tokens_per_s < base.tokens_per_s
     if zero:
         assert _tps(**{**kw, "offload": "optimizer"}).tokens_per_s <= base.tokens_per_s

@@ -13,7 +13,7 @@ from planner.hardware import lookup_gpu
 from planner.hardware.efficiency_data import efficiency, efficiency_json
 from planner.memory.estimate import Evaluation
 from planner.memory.profile import (
-    ENGINE_KERNELS, MODULE_CALLS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
+    ENGINE_KERNELS, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
 )
 from planner.models import resolve_model
 from planner.refine import _recalibrated, speed_calibrations_from
@@ -106,6 +106,42 @@ def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
     # slower view op pays proportionally more
     ops = efficiency_json()["defaults"]["launch_overhead_us"]["checkpoint_block_python_ops"]["value"]
     assert eff.checkpoint_block_us == pytest.approx(ops * eff.python_op_us)
+
+
+def test_a_selective_policy_costs_the_host_each_op_it_handles_twice():
+    """torch's per-op SAC runs a Python dispatch mode over every op of a checkpointed block, in its forward and in its
+    recompute: 2 x blocks x the block's forward ops, each at the measured policy cost; none under torch.compile."""
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    block = Profile(dispatch={PY_KERNELS: 50.0, PY_VIEWS: 30.0, MODULE_CALLS: 9.0, ENGINE_KERNELS: 70.0})
+    base = Profile(matmuls={"1,64,64,64,half,forward,0100": 1.0}, dispatch={PY_KERNELS: 100.0})
+    full, selective = base.scaled_add(block, 24), base.scaled_add(block, 24, policy=True)
+    assert selective.dispatch[POLICY_OPS] == 2 * 24 * (50 + 30) and POLICY_OPS not in full.dispatch
+    extra = T.cpu_seconds(selective, eff) - T.cpu_seconds(full, eff)
+    assert extra == pytest.approx(2 * 24 * 80 * eff.checkpoint_policy_op_us * 1e-6)
+    ops = efficiency_json()["defaults"]["launch_overhead_us"]["checkpoint_policy_op_python_ops"]["value"]
+    assert eff.checkpoint_policy_op_us == pytest.approx(ops * eff.python_op_us) and ops > 1
+    assert POLICY_OPS not in selective.compiled({"forward": 1.0, "backward": 1.0},
+                                                {"forward": 1.0, "backward": 1.0}).dispatch
+
+
+def test_the_traced_selective_profile_counts_every_recomputed_forward_op_twice_for_its_policy():
+    import transformers
+
+    config = transformers.LlamaConfig(num_hidden_layers=6, hidden_size=64, intermediate_size=160,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                      architectures=["LlamaForCausalLM"])
+    evaluation = Evaluation(resolve_model(config), seq_len=64, optimizer="adamw", gpu=lookup_gpu("H100-80GB"))
+
+    def dispatch(checkpointing):
+        cfg = Config(micro_batch=2, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing=checkpointing,
+                     zero_stage=0, offload="none")
+        return evaluation.speed_profile(cfg)[0].dispatch
+
+    none, full, selective = dispatch("none"), dispatch("full"), dispatch("selective")
+    recomputed = sum(full[kind] - none[kind] for kind in (PY_KERNELS, PY_VIEWS))  # 6 blocks' forward ops
+    assert recomputed > 6 * 20 and selective[POLICY_OPS] == pytest.approx(2 * recomputed)
+    assert POLICY_OPS not in full and POLICY_OPS not in none
 
 
 def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():

@@ -62,6 +62,7 @@ class Efficiency(BaseModel):
     cpp_op_us: float                  # CPU-side cost of a view op issued by the autograd engine
     module_call_us: float             # CPU-side cost of one nn.Module call
     checkpoint_block_python_ops: float  # one checkpointed block's host bookkeeping, in Python view ops
+    checkpoint_policy_op_python_ops: float  # an op a selective-checkpointing policy's mode handles, in view ops
     attention: float                  # fused attention kernels' fraction of the tensor peak (fwd + bwd)
     nic_GBps: float                   # inter-node bandwidth per GPU, GB/s per direction
     network: str                      # the system that bandwidth is of ("given" where the user gave it)
@@ -75,6 +76,12 @@ class Efficiency(BaseModel):
         """CPU-side cost of one checkpointed block beyond its recomputed ops: its bookkeeping's view ops at this
         host's view-op cost."""
         return self.checkpoint_block_python_ops * self.python_op_us
+
+    @property
+    def checkpoint_policy_op_us(self) -> float:
+        """CPU-side cost of one op passing a selective-checkpointing policy's Python dispatch mode, at this host's
+        view-op cost."""
+        return self.checkpoint_policy_op_python_ops * self.python_op_us
 
 
 def _value(block: dict | None, *names: str):
@@ -113,6 +120,7 @@ def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
         python_op_us=overhead("python_op_us"),
         cpp_op_us=overhead("cpp_op_us"), module_call_us=overhead("module_call_us"),
         checkpoint_block_python_ops=overhead("checkpoint_block_python_ops"),
+        checkpoint_policy_op_python_ops=overhead("checkpoint_policy_op_python_ops"),
         attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
                          "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
         nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,

@@ -376,7 +376,7 @@ class Evaluation:
         cannot be traced. The step is traced once without checkpointing at one and two blocks; recomputation adds
         the traced forward of a block per block: all of it for full checkpointing, and for selective (torchtitan's
         per-op policy, planner/memory/step.py) its non-matmul ops and every second matmul, the attention kernel's
-        outputs being kept."""
+        outputs being kept, every op of the block passing the policy's dispatch mode twice."""
         spec, resolved = self.resolved.spec, self.resolved
         if resolved.config is None:
             return None
@@ -394,7 +394,7 @@ class Evaluation:
         block = p2.minus(p1)
         blocks = spec.layers / max(1, l2 - l1)
         if info.per_op_policy:
-            return base.scaled_add(block, blocks, matmul_factor=blocks / 2, attention=False), anchor
+            return base.scaled_add(block, blocks, matmul_factor=blocks / 2, attention=False, policy=True), anchor
         return base.scaled_add(block, blocks), anchor
 
     def speed_request(self, cfg: Config):

@@ -38,6 +38,10 @@ FULL = FP32_COMPUTE
 PY_KERNELS, PY_VIEWS, MODULE_CALLS = "python_kernels", "python_views", "module_calls"
 ENGINE_KERNELS, ENGINE_VIEWS = "engine_kernels", "engine_views"
 PYTHON_DISPATCH = (PY_KERNELS, PY_VIEWS, MODULE_CALLS)
+#: Ops a selective-checkpointing policy handles: torch's per-op SAC runs a Python TorchDispatchMode over every op of a
+#: checkpointed block, in its forward and again in its recompute (torch/utils/checkpoint.py
+#: `_CachingTorchDispatchMode`, `_CachedTorchDispatchMode`, each calling the policy)
+POLICY_OPS = "policy_ops"
 
 
 def _dtype_class(dtype: torch.dtype) -> str:
@@ -110,15 +114,19 @@ class Profile:
 
 
     def scaled_add(self, other: "Profile", factor: float, *, matmul_factor: float | None = None,
-                   attention: bool = True) -> "Profile":
+                   attention: bool = True, policy: bool = False) -> "Profile":
         """This profile plus `factor` x the forward entries of `other` (recomputation of blocks), matmuls at
         `matmul_factor` x instead where given, fused attention only if `attention`. Recomputation re-runs the
-        block's Python forward whatever is kept: its dispatches count in full."""
+        block's Python forward whatever is kept: its dispatches count in full. With `policy` a per-op policy's
+        dispatch mode handles each of the block's forward ops twice (`POLICY_OPS`)."""
         mm_factor = factor if matmul_factor is None else matmul_factor
         out = Profile(dict(self.matmuls), {k: list(v) for k, v in self.attention.items()},
                       {k: list(v) for k, v in self.memory.items()}, dict(self.dispatch))
         for kind in PYTHON_DISPATCH:
             out.count(kind, factor * other.dispatch.get(kind, 0.0))
+        if policy:
+            forward_ops = other.dispatch.get(PY_KERNELS, 0.0) + other.dispatch.get(PY_VIEWS, 0.0)
+            out.count(POLICY_OPS, 2 * factor * forward_ops)
         for key, count in other.matmuls.items():
             if ",forward," in key:
                 recomputed = key.replace(",forward,", ",backward,")
@@ -295,6 +303,8 @@ def analytic_profile(spec, seq_len: int, checkpointing: str) -> tuple[Profile, i
         launched = kernels + 4 * spec.layers * (passes if phase == "forward" else 2) + spec.layers * passes
         profile.count(PY_KERNELS if phase == "forward" else ENGINE_KERNELS, launched)
     profile.count(MODULE_CALLS, ANALYTIC_MODULES_PER_BLOCK * spec.layers * forwards)
+    if info.per_op_policy:  # a block's forward launches (its kernels, GEMMs, attention), in forward and recompute
+        profile.count(POLICY_OPS, 2 * spec.layers * (ANALYTIC_KERNELS_PER_BLOCK + len(gemms) + 1))
     if spec.has_lm_head:
         profile.matmuls[f"1,{t},{spec.vocab},{h},{HALF},forward,0100"] = 1.0
         profile.matmuls[f"1,{t},{h},{spec.vocab},{HALF},backward,0100"] = 1.0
