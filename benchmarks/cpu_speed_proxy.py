@@ -2,8 +2,9 @@
 profile) with this machine's own rates predicts the real CPU step times of cpu_memory_accuracy.py's cases.
 
 A GPU's rates come from efficiency.json; here they are measured first by micro-benchmarks on this CPU (fp32 and
-bf16 matmul FLOP/s, copy bandwidth, the host cost of an eager op, of an op the autograd engine issues, of a view
-and of a module call). On a CPU the host issues and runs every op itself, so a micro-step is the sum of the
+bf16 matmul FLOP/s, fused attention's forward + backward as a fraction of the matmul rate of its dtype, as
+efficiency.json gives each GPU's, copy bandwidth, the host cost of an eager op, of an op the autograd engine issues,
+of a view and of a module call). On a CPU the host issues and runs every op itself, so a micro-step is the sum of the
 modelled kernel time and dispatch time, not their maximum. The GEMM shape model (wave quantization over SMs) has no
 meaning here: the CPU is one "SM" with one tile. A checkpointed block's extra host cost is efficiency.json's count of
 Python view ops per block times this CPU's view op; that count was measured on a CPU like this one
@@ -50,6 +51,9 @@ def measure_rates() -> dict:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         best = min(_best(lambda: torch.mm(a, b)), _best(lambda: torch.mm(a, b.t())))
         rates[f"matmul_tflops_{str(dtype).split('.')[-1]}"] = 2 * n**3 / best / 1e12
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).split(".")[-1]
+        rates[f"attention_fraction_{name}"] = attention_tflops(dtype) / rates[f"matmul_tflops_{name}"]
     src, dst = torch.randn(2**25), torch.empty(2**25)
     rates["copy_GBps"] = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src)) / 1e9
     x, count = torch.ones(16), 2000
@@ -83,6 +87,22 @@ def measure_rates() -> dict:
     return rates
 
 
+def attention_tflops(dtype, batch: int = 4, heads: int = 8, seq: int = 256, head_dim: int = 32) -> float:
+    """SDPA's causal forward + backward on this CPU (the cases' attention shape: 8 heads of 32, 256 tokens), in
+    TFLOP/s counted as the traced profile counts them (torch.utils.flop_counter's SDPA formulas, halved for causal
+    masking: planner/memory/profile.py `OpRecorder._attention`)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    flops = sdpa_flop_count(q.shape, k.shape, v.shape) + sdpa_backward_flop_count(q.shape, q.shape, k.shape, v.shape)
+    flops /= 2
+
+    def step():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    return flops / _best(step) / 1e12
+
+
 def cpu_model(rates: dict):
     """The per-op model's inputs for this CPU: a GPU catalog entry and efficiencies made of the measured rates."""
     from planner.hardware import GPU
@@ -98,27 +118,31 @@ def cpu_model(rates: dict):
         misaligned_align2=1.0, hbm=1.0, launch_us=0.0, dispatch_us=rates["eager_dispatch_us"],
         engine_dispatch_us=rates["engine_dispatch_us"], python_op_us=rates["python_op_us"],
         cpp_op_us=rates["python_op_us"], module_call_us=rates["module_call_us"],
-        attention=1.0, tiles=((256, 128),)))  # the checkpointed block's bookkeeping follows python_op_us
+        attention=rates["attention_fraction_float32"], tiles=((256, 128),)))  # checkpointing follows python_op_us
     return gpu, eff
 
 
-def predict(config, mb, seq, precision, optimizer, ckpt, n, gpu, eff) -> float:
+def predict(config, mb, seq, precision, optimizer, ckpt, n, gpu, eff, rates: dict) -> float:
     import planner.throughput as tp
     from planner.config import Config
     from planner.memory.estimate import Evaluation
     from planner.models import resolve_model
-    from planner.vocab import CHECKPOINTING
+    from planner.vocab import CHECKPOINTING, PRECISION
 
     resolved = resolve_model(config)
     cfg = Config(micro_batch=mb, grad_accum=n, world_size=1, precision=precision, checkpointing=ckpt,
                  zero_stage=0, offload="none")
+    if PRECISION[precision].weight_bytes == 2 or PRECISION[precision].autocast:  # attention runs in bf16
+        eff = eff.model_copy(update={"attention": rates["attention_fraction_bfloat16"]})
     profile, anchor = Evaluation(resolved, seq_len=seq, optimizer=optimizer, device="cpu").speed_profile(cfg)
     blocks = resolved.spec.layers if CHECKPOINTING[ckpt].enabled else 0
     micro = tp.micro_step(profile, mb / anchor, precision, gpu, eff, blocks)
     return n * (micro.gpu_s + micro.cpu_s) + tp.optimizer_seconds(resolved.spec, cfg, optimizer, gpu, eff, 1)
 
 
-def measure_step(config, mb, seq, precision, optimizer, ckpt, n, repeats: int = 3) -> float:
+def measure_step(config, mb, seq, precision, optimizer, ckpt, n, repeats: int = 5) -> float:
+    """The case's real step time on this CPU: the best of `repeats`, as its rates are the best of their runs (a
+    shared host only ever adds time)."""
     from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
     from planner.vocab import PRECISION
 
@@ -137,12 +161,7 @@ def measure_step(config, mb, seq, precision, optimizer, ckpt, n, repeats: int = 
         opt.zero_grad(set_to_none=True)
 
     step()  # warm-up: optimizer states exist
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return _best(step, repeats)
 
 
 def main() -> int:
@@ -155,7 +174,7 @@ def main() -> int:
     configs, rows = small_configs(), []
     for name, mb, seq, precision, optimizer, ckpt, n in CASES:
         measured = measure_step(configs[name], mb, seq, precision, optimizer, ckpt, n)
-        predicted = predict(configs[name], mb, seq, precision, optimizer, ckpt, n, gpu, eff)
+        predicted = predict(configs[name], mb, seq, precision, optimizer, ckpt, n, gpu, eff, rates)
         rows.append({"model": name, "micro_batch": mb, "seq_len": seq, "precision": precision, "optimizer": optimizer,
                      "checkpointing": ckpt, "grad_accum": n, "measured_s": measured, "predicted_s": predicted,
                      "error": predicted / measured - 1})
