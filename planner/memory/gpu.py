@@ -5,10 +5,9 @@ What the allocator's statistics show above the tensors' own bytes (`AllocatorVie
 reserved beyond allocated) comes from replaying allocations through the allocator model
 (planner/memory/allocator.py). A one-GPU or DDP run is replayed whole (planner/memory/whole_run.py). For the others:
 the step's own allocations and frees as the trace recorded them (trace.TracePoint), and here the model states,
-allocated once and kept: one
-tensor per parameter for weights, gradients and optimizer states on the torch and FSDP2 engines (FSDP2 keeps each
-parameter's shard as its own tensor), a few flat buffers on DeepSpeed (its ZeRO optimizer flattens each parameter group:
-deepspeed/runtime/zero/stage_1_and_2.py `flatten_dense_tensors_aligned`).
+allocated once and kept: one tensor per parameter for weights, gradients and optimizer states on the torch and FSDP2
+engines (FSDP2 keeps each parameter's shard as its own tensor), a few flat buffers on DeepSpeed (its ZeRO optimizer
+flattens each parameter group: deepspeed/runtime/zero/stage_1_and_2.py `flatten_dense_tensors_aligned`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.memory.gpu import AllocatorView
 
 #: Optimizer steps and, per step, micro-steps with gradients present written into the run: the allocator reaches a
 #: steady state after the first step that has optimizer states (the probes measure 1 warm-up + 2 steps), and after the
@@ -430,7 +434,7 @@ def whole_run_variants(first: Template, accumulating: Template | None, layers: i
 
 
 def whole_run_view(first: Template, accumulating: Template | None, layers: int, period: int,
-                   run: RunAllocations):
+                   run: RunAllocations) -> AllocatorView:
     """The allocator's view (planner/memory/gpu.py `AllocatorView`: allocated - requested, reserved - allocated) of the
     whole run written at `layers` blocks and replayed through the allocator model (NotRepeatable if the templates'
     blocks do not repeat).
@@ -450,7 +454,7 @@ def whole_run_view(first: Template, accumulating: Template | None, layers: int, 
     return max(views, key=lambda view: view.rounding + view.slack)
 
 
-def evaluation_view(evaluation, cfg):
+def evaluation_view(evaluation, cfg) -> AllocatorView | None:
     """`whole_run_view` for a configuration of an Evaluation (planner/memory/estimate.py); None for the runs this
     module does not write (`evaluation_runs`)."""
     found = evaluation_runs(evaluation, cfg)
