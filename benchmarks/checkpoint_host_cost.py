@@ -20,9 +20,9 @@ cost is measured per op handled:
     policy op = (step(selective) - step(checkpointed)) / (2 x aten ops in the block's forward)
 
 (the recompute's dispatches are the same in both: the policy's saved ops still pass through its mode), the ops
-counted by a dispatch mode over a forward. Within a round the sizes and modes are timed interleaved, seven times, each
-taken as its median (a shared host drifts); rounds alternate the models; the results are medians over rounds and
-models.
+counted over a forward by the planner's own op recorder, as its speed profile counts them. Within a round the sizes
+and modes are timed interleaved, seven times, each taken as its median (a shared host drifts); rounds alternate the
+models; the results are medians over rounds and models.
 
 Run:  python benchmarks/checkpoint_host_cost.py [--rounds 3] [--device cpu|cuda]
       [--out benchmarks/results/checkpoint_host_cost.json]
@@ -41,7 +41,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from torch.utils._python_dispatch import TorchDispatchMode
 
 LAYERS = (2, 8)
 TOKENS = 16
@@ -98,24 +97,16 @@ def view_op_us(device: str, count: int = 20000) -> float:
     return (time.perf_counter() - start) / count * 1e6
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops a forward dispatches, as a selective-checkpointing policy's mode sees them."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def forward_ops(model, device: str) -> int:
+    """The aten ops a forward dispatches, kernels and views, counted by the planner's own op recorder: the count
+    its speed profile charges the policy for (planner/memory/profile.py `POLICY_OPS`)."""
+    from planner.memory.profile import PY_KERNELS, PY_VIEWS, OpRecorder
+
     model.gradient_checkpointing_disable()
     ids = torch.randint(0, 128, (1, TOKENS), device=device)
-    with _OpCounter() as counter:
+    with OpRecorder(1, TOKENS) as recorder:
         model(input_ids=ids, labels=ids)
-    return counter.ops
+    return int(recorder.profile.dispatch.get(PY_KERNELS, 0) + recorder.profile.dispatch.get(PY_VIEWS, 0))
 
 
 def measure(kind: str, device: str, repeats: int = 7) -> dict:
