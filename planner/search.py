@@ -21,8 +21,8 @@ from planner.memory import states
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.types import Candidate, ThroughputInfo
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, NO_ADAPTER, NO_OFFLOAD, OFFLOAD,
-    PRECISION, TRACE, UNSHARDED_ENGINE,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, FUSED_STEP, NO_ADAPTER, NO_OFFLOAD,
+    OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE,
 )
 
 
@@ -131,11 +131,15 @@ class SpeedModel:
     traced once), timed on the GPU with its measured efficiencies (planner/throughput.py). Probes rescale it
     afterwards (planner/refine.py, `speed_calibrations_from`)."""
 
-    def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None):
+    def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None,
+                 adam_step: str = FUSED_STEP):
         from planner.hardware.efficiency_data import efficiency_of
 
         self.evaluation, self.gpu, self.gpus_per_node = evaluation, gpu, gpus_per_node
         self.train_steps = train_steps
+        #: how an Adam-family step runs (`vocab.ADAM_STEP`): the emitted files' fused kernel unless the caller's
+        #: program runs another (benchmarks/throughput_accuracy.py maps each published row's optimizer)
+        self.adam_step = adam_step
         self.eff = efficiency_of(gpu)
         self._profiles: dict[str, tuple] = {}
 
@@ -159,7 +163,7 @@ class SpeedModel:
                          optimizer=self.evaluation.optimizer, eff=self.eff,
                          tp_share=self.evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0,
                          compile_effect=self.evaluation.compile_effect(cfg) if cfg.compiled else None,
-                         train_steps=self.train_steps)
+                         train_steps=self.train_steps, adam_step=self.adam_step)
         return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
                               step_time_s=t.step_time_s, parts=t.parts)
 

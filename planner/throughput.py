@@ -7,7 +7,8 @@ max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth), achievable figures
 quantization over the GPU's SMs (NVIDIA's "Matrix Multiplication Background" guide, sections 3.1-3.2) and by the
 pipeline fill of a short K loop; HBM's streaming fraction; fused attention's fraction. Eager PyTorch dispatches
 every op from the CPU: the micro-step takes the longer of the GPU's kernel time and the CPU's dispatch time (the
-CPU runs ahead asynchronously, so the shorter one hides). The step adds the optimizer (bytes it streams), gradient
+CPU runs ahead asynchronously, so the shorter one hides). The step adds the optimizer (the bytes and kernels of the
+implementation that runs it, fused, foreach or a Python loop, against the host's time issuing them), gradient
 clipping, communication the backward does not hide, offload traffic and CPU Adam.
 """
 
@@ -28,7 +29,9 @@ from planner.memory.profile import (
     ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile,
 )
 from planner.models.spec import ModelSpec
-from planner.vocab import CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, OFFLOAD, OPTIMIZER, PRECISION, TORCH
+from planner.vocab import (
+    ADAM_STEP, CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, FUSED_STEP, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
+)
 
 #: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
 #: its pipeline, whose fill and drain cost a few slices. Chosen against XLA's measured H100 GEMM table
@@ -41,9 +44,12 @@ TILE_EXPONENT = 0.25
 #: What any GEMM kernel takes however small (prologue, K-loop fill, epilogue): the same table's smallest GEMM,
 #: 256x256x256, runs at 6.45 TFLOPS, i.e. 5.2 us.
 GEMM_LATENCY_S = 5.0e-6
-#: Bytes the optimizer streams per trainable parameter per state byte width, beyond the weight and gradient it
-#: reads: fused AdamW reads and writes each state (torch/optim/adamw.py `_fused_adamw`): 2 x states.
+#: Bytes an optimizer other than Adam's (SGD's momentum, Lion, Adafactor, 8-bit states) streams per trainable
+#: parameter per state byte width, beyond the weight and gradient it reads: it reads and writes each state once.
+#: Adam's steps count their accesses per implementation (`vocab.ADAM_STEP`).
 STATE_PASSES = 2
+#: the torch.optim classes (`vocab.OPTIMIZER` torch_class) whose step `vocab.ADAM_STEP` describes
+ADAM_CLASSES = ("Adam", "AdamW")
 #: DeepSpeed's CPU Adam, parameters per second per node (ZeRO-Offload, arXiv 2101.06840, Fig. 7: ~1.5B params/s on a
 #: dual-socket host with AVX512; DeepSpeed PR #735: an 11.6B-parameter step in 8.2 s, 1.4B/s), shared by the node's
 #: ranks. Newer hosts with more cores step faster; a probe measures the user's.
@@ -227,24 +233,56 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
 
 
-def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int) -> float:
+#: Elements one multi-tensor kernel launch covers at most: 320 blocks of 65536-element chunks
+#: (aten/src/ATen/native/cuda/MultiTensorApply.cuh `kChunkSize`, `depth_to_max_blocks`; CUDA 13 builds allow 7x more).
+FOREACH_LAUNCH_ELEMENTS = 65536 * 320
+
+
+def trainable_tensors(spec: ModelSpec) -> int:
+    """Parameter tensors the optimizer steps (the spec's trainable tensors; one where the shapes are unknown)."""
+    return max(1, sum(1 for n in spec.tensor_sizes if n > 0))
+
+
+def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int,
+                   adam_step: str = FUSED_STEP) -> MicroStep:
     """The optimizer step, gradient clipping and fp16's gradient unscaling included: the bytes they stream through
-    HBM (or CPU Adam under offload, with the gradients down and the weights up over PCIe)."""
+    HBM and the kernels they launch (or CPU Adam under offload, with the gradients down and the weights up over
+    PCIe), beside what the host spends issuing them. `adam_step` is how an Adam-family step runs under the torch
+    engine (`vocab.ADAM_STEP`: the emitted files run the fused kernel; torch's default for CUDA tensors is foreach);
+    DeepSpeed always runs its FusedAdam."""
     trainable = spec.trainable_parameters / (cfg.world_size if cfg.sharded else 1)
     info = OPTIMIZER[optimizer]
     if OFFLOAD[cfg.offload].optimizer_on_cpu:
         ranks = min(cfg.world_size, per_node)
-        return trainable / (CPU_ADAM_PARAMS_PER_S / ranks) + trainable * 2 * cfg.weight_bytes() / host_link(gpu, eff)
+        return MicroStep(gpu_s=trainable / (CPU_ADAM_PARAMS_PER_S / ranks)
+                         + trainable * 2 * cfg.weight_bytes() / host_link(gpu, eff), cpu_s=0.0)
     state = cfg.state_width() if info.follows_weights else 1
     states = info.state_bytes // 4 if info.follows_weights else info.state_bytes
-    per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
+    launches = cpu_us = 0.0
+    if info.torch_class in ADAM_CLASSES:
+        how = ADAM_STEP[FUSED_STEP if cfg.engine == DEEPSPEED else adam_step]
+        per_param = how.weight * cfg.weight_bytes() + how.grad * cfg.grad_bytes() + how.state * state
+        tensors = trainable_tensors(spec)
+        launches = (how.kernels_per_tensor * tensors
+                    + how.foreach_ops * math.ceil(trainable / FOREACH_LAUNCH_ELEMENTS))
+        cpu_us = ((how.kernels_per_tensor * tensors + how.foreach_ops) * eff.dispatch_us
+                  + how.host_ops_per_tensor * tensors * eff.python_op_us)
+    else:
+        per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
     per_param += info.norm_passes * cfg.weight_bytes()  # LAMB: the weights' and the update's norms per layer
     per_param += 2 * cfg.grad_bytes()  # clip_grad_norm_: the norm reads the gradients, the scale rewrites them
     if PRECISION[cfg.precision].loss_scaling:  # unscaling reads and rewrites every gradient, checking for inf/NaN
         per_param += 2 * cfg.grad_bytes()  # (torch/amp/grad_scaler.py `_amp_foreach_non_finite_check_and_unscale_`)
     if cfg.engine == DEEPSPEED:  # the fp32 master steps, then is copied into the 16-bit weights
         per_param += 2 * cfg.master_bytes() + cfg.weight_bytes()
-    return trainable * per_param / bandwidth(gpu, eff)
+    return MicroStep(gpu_s=trainable * per_param / bandwidth(gpu, eff) + launches * eff.launch_us * 1e-6,
+                     cpu_s=cpu_us * 1e-6)
+
+
+def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int,
+                      adam_step: str = FUSED_STEP) -> float:
+    """The optimizer step's time (`optimizer_step`): the host issues it while the GPU runs it, the longer wins."""
+    return optimizer_step(spec, cfg, optimizer, gpu, eff, per_node, adam_step).seconds
 
 
 def ring_seconds(nbytes: float, world: int, per_node: int, gpu: GPU, eff: Efficiency) -> float:
@@ -409,9 +447,11 @@ def compiled_profile(profile: Profile, effect: CompileEffect) -> Profile:
 
 def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
               traced_micro_batch: int, optimizer: str, eff: Efficiency, tp_share: float = 1.0,
-              compile_effect: CompileEffect | None = None, train_steps: int | None = None) -> Throughput:
+              compile_effect: CompileEffect | None = None, train_steps: int | None = None,
+              adam_step: str = FUSED_STEP) -> Throughput:
     """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`
-    (`tp_share`: the share of the unsplit model's activation bytes a tensor-parallel rank keeps). A compiled step
+    (`tp_share`: the share of the unsplit model's activation bytes a tensor-parallel rank keeps; `adam_step`: how
+    an Adam-family optimizer runs, `vocab.ADAM_STEP`, the emitted files' fused kernel by default). A compiled step
     (`compile_effect`: what compiling changes, None to time it as eager) runs Inductor's fused kernels, and its
     checkpointed blocks recompute inside the compiled backward graph, without torch.utils.checkpoint's host work; its
     device time carries the measured residual (planner/memory/compiled.py `COMPILED_DEVICE_RESIDUAL`); its compile
@@ -428,7 +468,7 @@ def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_
     micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
     backward = micro.seconds * _backward_share(profile)
     compute = cfg.grad_accum * micro.seconds
-    opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node)
+    opt = optimizer_seconds(spec, cfg, optimizer, gpu, eff, gpus_per_node, adam_step)
     comm = communication_seconds(spec, cfg, gpus_per_node, backward, micro.seconds, gpu, eff)
     off = offload_seconds(spec, cfg, gpu, eff)
     parts = StepParts(compute=compute, optimizer=opt, communication=comm, offload=off,

@@ -137,6 +137,48 @@ DEFAULT_OPTIMIZER, ADAMW_8BIT = "adamw", "adamw-8bit"
 
 
 @dataclass(frozen=True)
+class AdamStepInfo:
+    """How an Adam-family optimizer step runs on the GPU: the element accesses per trainable parameter its kernels
+    make (reads plus writes; `state` counts the two moments and the step's temporaries, all at the states' width),
+    and what the host issues (kernels per parameter tensor for a Python loop, multi-tensor ops per step, host-only
+    ops per tensor: the CPU step counter's increment and the `.item()` that reads it back)."""
+
+    doc: str
+    weight: int
+    grad: int
+    state: int
+    kernels_per_tensor: int
+    foreach_ops: int
+    host_ops_per_tensor: int
+
+
+#: torch/optim/adam.py (torch 2.13), AdamW with decoupled weight decay: `_fused_adam` calls one `torch._fused_adamw_`,
+#: which reads the weight, gradient and both moments and writes the weight and moments (its `step` tensors live on the
+#: GPU: one more multi-tensor add); `_multi_tensor_adam` runs 8 foreach ops (weight decay `_foreach_mul_`, `lerp_`,
+#: `mul_`, `addcmul_`, `sqrt`, `div_`, `add_`, `addcdiv_`) and reads each CPU `step` back twice (`_get_value`);
+#: `_single_tensor_adam` runs the same 8 kernels per tensor from Python, with `step_t += 1` and one `_get_value`.
+#: tests/test_throughput.py counts these from the optimizers themselves. torch picks foreach for CUDA tensors when
+#: neither flag is given (torch/optim/optimizer.py `_default_to_fused_or_foreach`) and the for-loop on the CPU;
+#: the Trainer's `adamw_torch_fused`, DeepSpeed's FusedAdam and apex's FusedAdam run the fused kernel.
+#: transformers' own AdamW (`optim="adamw_hf"`; transformers/optimization.py `AdamW`, last in 4.4x) is a Python loop of
+#: the same kind, timed as "for-loop": `mul_`, `add_`, `mul_`, `addcmul_`, `sqrt`, `add_`, `addcdiv_` per tensor (the
+#: same 3 gradient and 14 state accesses), plus `p.add_(p)` with weight decay (8 kernels, 5 weight accesses; the
+#: Trainer's default weight_decay 0 leaves 7 and 2), its step count a Python int.
+ADAM_STEP: dict[str, AdamStepInfo] = {
+    "fused": AdamStepInfo("one fused kernel over all tensors (torch fused=True, DeepSpeed/apex FusedAdam)",
+                          weight=2, grad=1, state=4, kernels_per_tensor=0, foreach_ops=2, host_ops_per_tensor=0),
+    "foreach": AdamStepInfo("multi-tensor foreach ops (torch's default for CUDA tensors)",
+                            weight=4, grad=3, state=14, kernels_per_tensor=0, foreach_ops=8, host_ops_per_tensor=2),
+    "for-loop": AdamStepInfo("a Python loop over the tensors, 8 kernels each (torch foreach=False; transformers' "
+                             "adamw_hf)", weight=4, grad=3, state=14, kernels_per_tensor=8, foreach_ops=0,
+                             host_ops_per_tensor=2),
+}
+AdamStep = Literal[tuple(ADAM_STEP)]  # type: ignore[valid-type]
+#: what the emitted files run: the Trainer's `adamw_torch_fused` (OPTIMIZER's `trainer` names) or DeepSpeed's FusedAdam
+FUSED_STEP, FOREACH_STEP, FOR_LOOP_STEP = "fused", "foreach", "for-loop"
+
+
+@dataclass(frozen=True)
 class CheckpointingInfo:
     doc: str
     enabled: bool              # blocks run under torch.utils.checkpoint

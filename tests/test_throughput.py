@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import planner.throughput as T
 from planner.config import Config
@@ -300,3 +302,116 @@ def test_fp16_loss_scaling_unscales_every_gradient_before_the_step():
 
     extra = step(fp16) - step(bf16)
     assert extra == pytest.approx(spec.trainable_parameters * 2 * fp16.grad_bytes() / T.bandwidth(gpu, eff))
+
+
+class _AdamAccesses(TorchDispatchMode):
+    """Counts, for each kind of tensor an optimizer step touches, the elements its ops read and write (a mutated
+    argument of the op's schema is read and written, an output written), the ops that touch a parameter-sized
+    tensor (kernels on a GPU) and the ops on the one-element `step` counters (host-only on a GPU: they live on
+    the CPU unless fused)."""
+
+    def __init__(self, params, grads, states):
+        super().__init__()
+        self.kind = {**{t.data_ptr(): "weight" for t in params}, **{t.data_ptr(): "grad" for t in grads},
+                     **{t.data_ptr(): "state" for t in states}}
+        self.elements = {"weight": 0, "grad": 0, "state": 0}
+        self.kernels, self.host = 0, 0
+
+    def _count(self, t, times=1):
+        self.elements[self.kind.get(t.data_ptr(), "state")] += times * t.numel()  # temporaries: the states' width
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        touched, written, scalars = [], [], 0
+        for spec, arg in zip(func._schema.arguments, list(args) + [kwargs.get(a.name) for a in
+                                                                   func._schema.arguments[len(args):]]):
+            tensors = [arg] if isinstance(arg, torch.Tensor) else \
+                [t for t in arg if isinstance(t, torch.Tensor)] if isinstance(arg, (list, tuple)) else []
+            scalars += sum(1 for t in tensors if t.numel() == 1)
+            tensors = [t for t in tensors if t.numel() > 1]
+            touched += tensors
+            if spec.alias_info is not None and spec.alias_info.is_write:
+                written += tensors
+        if not func._schema.is_mutable:
+            outs = [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)] \
+                if isinstance(out, (list, tuple)) else []
+            written += [t for t in outs if t.numel() > 1]
+        if not touched and not written:
+            self.host += int(scalars > 0 or isinstance(out, torch.Tensor))  # not the profiler's record_function
+            return out
+        self.kernels += 1
+        for t in touched + written:
+            self._count(t)
+        return out
+
+
+@pytest.mark.parametrize("step, flags", [("fused", {"fused": True}), ("foreach", {"foreach": True}),
+                                         ("for-loop", {"foreach": False})])
+def test_the_adam_step_table_is_what_torchs_adamw_runs(step, flags):
+    """vocab.ADAM_STEP, counted from torch's AdamW itself on the CPU (the same Python and the same ops as on a GPU):
+    element accesses by kind, kernels, host-only ops on the step counters."""
+    from planner.vocab import ADAM_STEP
+
+    shapes = [(64, 32), (32,), (48, 16)]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **flags)
+    opt.step()  # states exist
+    states = [t for p in params for t in (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])]
+    counter = _AdamAccesses(params, [p.grad for p in params], states)
+    with counter:
+        opt.step()
+    n = sum(p.numel() for p in params)
+    how = ADAM_STEP[step]
+    grad_written = n if step == "fused" else 0  # `_fused_adamw_`'s schema marks the gradients mutable (for its
+    # grad_scale / maximize variants); this step's kernel only reads them
+    assert counter.elements == {"weight": how.weight * n, "grad": how.grad * n + grad_written, "state": how.state * n}
+    if step == "fused":  # the fused kernel, and the step counters' add (on the GPU, fused keeps them there)
+        assert (counter.kernels, counter.host) == (1, 1) and how.foreach_ops == 2
+    else:
+        assert counter.kernels == how.kernels_per_tensor * len(params) + how.foreach_ops
+        # each tensor's CPU step counter: incremented and read back (foreach: two reads, one batched increment)
+        assert counter.host == how.host_ops_per_tensor * len(params) + (2 if step == "foreach" else 0)
+
+
+def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
+    spec = resolve_model("google-bert/bert-large-uncased").spec
+    gpu = lookup_gpu("V100-16GB")
+    eff = efficiency(gpu.name)
+    cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="fp32", checkpointing="none", zero_stage=0,
+                 offload="none")
+    fused, foreach, loop = (T.optimizer_step(spec, cfg, "adamw", gpu, eff, 1, how)
+                            for how in ("fused", "foreach", "for-loop"))
+    n, tensors = spec.trainable_parameters, T.trainable_tensors(spec)
+    assert tensors == sum(1 for size in spec.tensor_sizes if size > 0) > 300  # BERT-large's weights and biases
+    extra_bytes = (21 - 7) * 4 * n  # 21 fp32 accesses per parameter instead of the fused kernel's 7
+    extra_launches = (8 - 2) * math.ceil(n / T.FOREACH_LAUNCH_ELEMENTS)  # 8 multi-tensor ops instead of 2
+    assert foreach.gpu_s - fused.gpu_s == pytest.approx(
+        extra_bytes / T.bandwidth(gpu, eff) + extra_launches * eff.launch_us * 1e-6, rel=1e-6)
+    # the Python loop launches 8 kernels per tensor: each pays the GPU's fixed cost and the host's dispatch
+    assert loop.gpu_s - foreach.gpu_s == pytest.approx(
+        (8 * tensors - 8 * math.ceil(n / T.FOREACH_LAUNCH_ELEMENTS)) * eff.launch_us * 1e-6, rel=1e-6)
+    assert loop.cpu_s == pytest.approx((8 * tensors * eff.dispatch_us + 2 * tensors * eff.python_op_us) * 1e-6)
+    assert fused.cpu_s < foreach.cpu_s < loop.cpu_s
+    assert T.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1, "for-loop") == max(loop.gpu_s, loop.cpu_s)
+    # DeepSpeed steps with its own FusedAdam whatever torch would run; SGD has no Adam step to vary
+    ds = cfg.model_copy(update={"precision": "bf16-mixed", "zero_stage": 1, "engine": "deepspeed"})
+    assert T.optimizer_step(spec, ds, "adamw", gpu, eff, 1, "for-loop") == T.optimizer_step(spec, ds, "adamw", gpu,
+                                                                                           eff, 1)
+    assert T.optimizer_step(spec, cfg, "sgd", gpu, eff, 1, "for-loop") == T.optimizer_step(spec, cfg, "sgd", gpu,
+                                                                                          eff, 1)
+
+
+def test_a_speed_model_times_the_adam_step_its_program_runs():
+    resolved = resolve_model("openai-community/gpt2")
+    gpu = lookup_gpu("A100-80GB")
+    evaluation = Evaluation(resolved, seq_len=128, optimizer="adamw", gpu=gpu)
+    cfg = Config(micro_batch=2, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=0, offload="none")
+    emitted, foreach = SpeedModel(evaluation, gpu, 1), SpeedModel(evaluation, gpu, 1, adam_step="foreach")
+    assert emitted.adam_step == "fused"
+    assert foreach(cfg).parts.optimizer > emitted(cfg).parts.optimizer
+    assert foreach(cfg).parts.compute == emitted(cfg).parts.compute
+
