@@ -24,7 +24,9 @@ A row that names its system's inter-node network (`nic_per_gpu_Gbps`, with its s
 `plan --nic-gbps` would be; the others on the catalog's usual system for the GPU. llm-foundry's MPT rows ran
 flash-attention's Triton kernel (attn_impl='triton'), slower than SDPA's FlashAttention-2: on the A100, where its
 rate is published (FlashAttention-2 paper, efficiency.json `triton_flash_fwd_bwd_fraction`), they are timed with it;
-on the H100 at SDPA's rate.
+on the H100 at SDPA's rate. Each row's optimizer is timed as its text says it ran (`map_optimizer`): a fused kernel
+(apex's or DeepSpeed's FusedAdam, torch fused=True), torch's foreach default, or a Python loop over the tensors
+(transformers' adamw_hf, the Trainer's default up to 4.31; torch before 2.0), `vocab.ADAM_STEP`'s three programs.
 
 Rows of Liger-Kernel patched model code (fused kernels trainplan never emits) are predicted as the HF code they
 replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans; so is a row
@@ -52,6 +54,7 @@ from planner.hardware import lookup_gpu
 from planner.memory.estimate import Evaluation
 from planner.models import resolve_model
 from planner.search import SpeedModel
+from planner.vocab import DEFAULT_OPTIMIZER, FOR_LOOP_STEP, FOREACH_STEP, FUSED_STEP
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks" / "data"
@@ -103,6 +106,9 @@ class Case:
     nic_Gbps: float | None = None
     #: the fused attention kernel's fraction of peak where the row ran a kernel other than SDPA's (None: SDPA's)
     attention_fraction: float | None = None
+    #: the row's optimizer (`vocab.OPTIMIZER`) and how an Adam step ran (`vocab.ADAM_STEP`)
+    optimizer: str = DEFAULT_OPTIMIZER
+    adam_step: str = FUSED_STEP
 
     @property
     def log_ratio(self) -> float:
@@ -172,6 +178,42 @@ def map_offload(row: dict, stage: int) -> str:
     if "param" in text:
         return "optimizer+params"
     return "optimizer" if stage else "none"
+
+
+#: Optimizers a row's text names, before Adam's variants (`vocab.OPTIMIZER` names).
+OTHER_OPTIMIZERS = ((r"adafactor", "adafactor"), (r"8-?bit", "adamw-8bit"), (r"\blion\b", "lion"),
+                    (r"\blamb\b", "lamb"), (r"\bsgd\b.*momentum", "sgd-momentum"), (r"\bsgd\b", "sgd"))
+#: The Trainer's default `optim` was "adamw_hf" (transformers' own AdamW, a Python loop) up to transformers 4.31 and
+#: "adamw_torch" from 4.32 (training_args.py `default_optim` of the 4.31.0 and 4.32.1 wheels), which torch runs as
+#: foreach on CUDA from torch 2.0 (`_default_to_fused_or_foreach`; torch 1.x stepped in a Python loop).
+TRAINER_ADAMW_TORCH_FROM = (4, 32)
+
+
+def map_optimizer(row: dict, notes: list[str]) -> tuple[str, str]:
+    """The row's optimizer and, for AdamW, how its step ran: a fused kernel (torch fused=True, the Trainer's
+    adamw_torch_fused, apex's or DeepSpeed's FusedAdam, DeepSpeed's CPU Adam), torch's foreach default, or a Python
+    loop over the tensors (transformers' adamw_hf; torch before 2.0). Unstated: the planner's own, fused."""
+    text = str(row.get("optimizer", "")).lower()
+    for pattern, name in OTHER_OPTIMIZERS:
+        if re.search(pattern, text):
+            return name, FUSED_STEP
+    if any(word in text for word in ("fused", "apex", "deepspeed", "cpu adam")):
+        return DEFAULT_OPTIMIZER, FUSED_STEP
+    context = " ".join(str(row.get(k, "")) for k in ("optimizer", "source", "notes")).lower()
+    release = re.search(r"transformers(?:@v|[ =v]*)(\d+)\.(\d+)", context)
+    old_torch = re.search(r"(?:torch|pytorch)[ =v]*1\.\d+", context) is not None
+    if "adamw_hf" in text or "transformers adamw" in text or (
+            "trainer default" in text and release and tuple(map(int, release.groups())) < TRAINER_ADAMW_TORCH_FROM):
+        notes.append("transformers' AdamW: a Python loop over the tensors")
+        return DEFAULT_OPTIMIZER, FOR_LOOP_STEP
+    if re.search(r"adamw_torch|\btorch\b", text) or "trainer default" in text:
+        if old_torch or "foreach=false" in text:
+            notes.append("torch's AdamW before 2.0: a Python loop over the tensors")
+            return DEFAULT_OPTIMIZER, FOR_LOOP_STEP
+        if "trainer default" in text and not release:
+            notes.append("the Trainer's default AdamW, release unstated: torch's foreach step")
+        return DEFAULT_OPTIMIZER, FOREACH_STEP
+    return DEFAULT_OPTIMIZER, FUSED_STEP
 
 
 def compute_only(row: dict) -> bool:
@@ -281,9 +323,11 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
     attention = "eager" if str(row.get("attention", "")).lower().startswith("eager") else "sdpa"
     other = OTHER_PROGRAM if "Liger-Kernel" in row.get("notes", "") else \
         WALL_TIME if row.get("notes", "").startswith("DERIVED from wall time") else ""
+    optimizer, adam_step = map_optimizer(row, notes) if not compute_only(row) else (DEFAULT_OPTIMIZER, FUSED_STEP)
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
                 max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other,
-                nic_Gbps=row.get("nic_per_gpu_Gbps"), attention_fraction=attention_kernel_fraction(row, gpu, notes))
+                nic_Gbps=row.get("nic_per_gpu_Gbps"), attention_fraction=attention_kernel_fraction(row, gpu, notes),
+                optimizer=optimizer, adam_step=adam_step)
 
 
 #: The attention text of rows that ran flash-attention's Triton kernel (MPT's attn_impl='triton').
@@ -327,12 +371,12 @@ def predict(case: Case, speed_models: dict) -> float:
 
 def _predict(case: Case, speed_models: dict) -> float:
     key = (id(case.model), case.seq_len, case.gpu, case.per_node, case.attention, case.objective, case.nic_Gbps,
-           case.attention_fraction)
+           case.attention_fraction, case.optimizer, case.adam_step)
     if key not in speed_models:
         gpu = lookup_gpu(case.gpu).model_copy(update={"nic_Gbps": case.nic_Gbps})
-        evaluation = Evaluation(case.model, seq_len=case.seq_len, optimizer="adamw", attention=case.attention,
+        evaluation = Evaluation(case.model, seq_len=case.seq_len, optimizer=case.optimizer, attention=case.attention,
                                 gpus_per_node=case.per_node, gpu=gpu, objective=case.objective)
-        speed_models[key] = SpeedModel(evaluation, gpu, case.per_node)
+        speed_models[key] = SpeedModel(evaluation, gpu, case.per_node, adam_step=case.adam_step)
         if case.attention_fraction is not None:  # the row's own attention kernel, traced as SDPA's (same saves)
             model = speed_models[key]
             model.eff = model.eff.model_copy(update={"attention": case.attention_fraction})

@@ -415,3 +415,29 @@ def test_a_speed_model_times_the_adam_step_its_program_runs():
     assert foreach(cfg).parts.optimizer > emitted(cfg).parts.optimizer
     assert foreach(cfg).parts.compute == emitted(cfg).parts.compute
 
+
+def test_the_accuracy_benchmark_times_each_published_row_with_the_optimizer_step_it_ran():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "throughput_accuracy.py"
+    spec = importlib.util.spec_from_file_location("throughput_accuracy", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, bench)  # its dataclasses resolve their annotations through the module
+    spec.loader.exec_module(bench)
+
+    def mapped(text, **row):
+        return bench.map_optimizer({"optimizer": text, **row}, [])
+
+    assert mapped("apex FusedAdam (adam_w_mode=True)") == ("adamw", "fused")
+    assert mapped("AdamW via DeepSpeed config") == ("adamw", "fused")
+    assert mapped("torch.optim.AdamW (lr 1e-4, defaults)") == ("adamw", "foreach")
+    assert mapped("adamw_hf (HF Trainer default at transformers 4.16)") == ("adamw", "for-loop")
+    assert mapped("AdamW (HF Trainer default)", source="huggingface/transformers@v4.18.0:docs") == ("adamw", "for-loop")
+    assert mapped("AdamW (HF Trainer default)", source="huggingface/transformers@v4.40.0:docs") == ("adamw", "foreach")
+    assert mapped("AdamW (torch 1.13 default)") == ("adamw", "for-loop")
+    assert mapped("Adafactor (optim=adafactor)") == ("adafactor", "fused")
+    assert mapped("adamw_bnb_8bit") == ("adamw-8bit", "fused")
+    assert mapped("SGD, momentum 0.9") == ("sgd-momentum", "fused")
+    assert mapped("AdamW") == ("adamw", "fused")  # unstated: the emitted program's
