@@ -205,6 +205,36 @@ def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
     return us * 1e-6
 
 
+@dataclass(frozen=True)
+class DeviceTime:
+    """A micro-step's GPU kernel time by kind: GEMMs, fused attention kernels, every other (memory-bound) kernel."""
+    gemm_s: float
+    attention_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s
+
+
+def device_time(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency, tp: int = 1,
+                tp_share: float = 1.0) -> DeviceTime:
+    """The GPU's side of `micro_step`, by kind of kernel."""
+    gemm_s = attention_s = memory_s = 0.0
+    for count, dims, dtype, _phase, scaled in profile.gemms():
+        dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
+        cdtype = compute_dtype(precision, dtype == HALF)
+        seconds = gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
+        gemm_s += count * (seconds if tp == 1 else max(seconds / tp, GEMM_LATENCY_S))
+    for key, (fl, scaled, fixed, count) in profile.attention.items():
+        peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
+        moved = scaled * scale + fixed
+        attention_s += max(fl * scale / peak / tp, moved / bandwidth(gpu, eff) / tp, count * eff.launch_us * 1e-6)
+    for scaled, fixed, count in profile.memory.values():  # streaming time plus each kernel's fixed cost
+        memory_s += (scaled * scale + fixed) * tp_share / bandwidth(gpu, eff) + count * eff.launch_us * 1e-6
+    return DeviceTime(gemm_s=gemm_s, attention_s=attention_s, memory_s=memory_s)
+
+
 def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency,
                checkpointed_blocks: int = 0, tp: int = 1, tp_share: float = 1.0) -> MicroStep:
     """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
@@ -217,18 +247,7 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     a queue of tiny kernels), the latency-bandwidth form. The larger of the two, which torchao's roofline takes
     (torchao/testing/training/roofline_utils.py `get_tensor_memory_traffic_ovhd_s`), leaves the mid-sized kernels
     of small HF steps without the cost they pay on top of their bytes."""
-    gpu_s = 0.0
-    for count, dims, dtype, _phase, scaled in profile.gemms():
-        dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
-        cdtype = compute_dtype(precision, dtype == HALF)
-        seconds = gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
-        gpu_s += count * (seconds if tp == 1 else max(seconds / tp, GEMM_LATENCY_S))
-    for key, (fl, scaled, fixed, count) in profile.attention.items():
-        peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
-        moved = scaled * scale + fixed
-        gpu_s += max(fl * scale / peak / tp, moved / bandwidth(gpu, eff) / tp, count * eff.launch_us * 1e-6)
-    for scaled, fixed, count in profile.memory.values():  # streaming time plus each kernel's fixed cost
-        gpu_s += (scaled * scale + fixed) * tp_share / bandwidth(gpu, eff) + count * eff.launch_us * 1e-6
+    gpu_s = device_time(profile, scale, precision, gpu, eff, tp, tp_share).seconds
     cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
     return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
 

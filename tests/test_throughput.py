@@ -96,6 +96,17 @@ def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels():
     assert step.seconds == step.gpu_s > step.cpu_s
 
 
+def test_the_device_time_by_kind_adds_up_to_the_micro_steps(gpt2_profile):
+    gpu = lookup_gpu("A100-80GB")
+    eff = efficiency(gpu.name)
+    parts = T.device_time(gpt2_profile, 2.0, "bf16-mixed", gpu, eff)
+    assert parts.seconds == pytest.approx(T.micro_step(gpt2_profile, 2.0, "bf16-mixed", gpu, eff).gpu_s)
+    assert parts.gemm_s > 0 and parts.attention_s > 0 and parts.memory_s > 0
+    gemms = Profile(matmuls={"1,4096,4096,4096,half,forward,0100": 3.0})
+    assert T.device_time(gemms, 1.0, "bf16-mixed", gpu, eff) == T.DeviceTime(
+        gemm_s=3 * T.gemm_seconds(1, 4096, 4096, 4096, "bf16", gpu, eff, 2), attention_s=0.0, memory_s=0.0)
+
+
 def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
     gpu = lookup_gpu("H100-80GB")
     eff = efficiency(gpu.name)
