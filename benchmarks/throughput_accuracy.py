@@ -28,6 +28,10 @@ on the H100 at SDPA's rate. Each row's optimizer is timed as its text says it ra
 (apex's or DeepSpeed's FusedAdam, torch fused=True), torch's foreach default, or a Python loop over the tensors
 (transformers' adamw_hf, the Trainer's default up to 4.31; torch before 2.0), `vocab.ADAM_STEP`'s three programs.
 
+Where a source published its GPU kernel profile (tlkh's DLProf summaries: tensor-core kernels, other kernels,
+copies, over the run's steps), the report sets the model's device time per step beside it, GEMMs against the
+tensor-core kernels and the rest against the rest: which part of a miss is the GEMM model's and which the others'.
+
 Rows of Liger-Kernel patched model code (fused kernels trainplan never emits) are predicted as the HF code they
 replace and reported on a line of their own, apart from the ALL line of the programs trainplan plans; so is a row
 whose value is a whole run's wall time divided by its steps (evaluation and checkpoint saves included), which bounds
@@ -109,6 +113,8 @@ class Case:
     #: the row's optimizer (`vocab.OPTIMIZER`) and how an Adam step ran (`vocab.ADAM_STEP`)
     optimizer: str = DEFAULT_OPTIMIZER
     adam_step: str = FUSED_STEP
+    #: the GPU kernel times the source profiled (DLProf's summary), where it published them
+    kernel_profile: dict | None = None
 
     @property
     def log_ratio(self) -> float:
@@ -327,7 +333,7 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
                 max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other,
                 nic_Gbps=row.get("nic_per_gpu_Gbps"), attention_fraction=attention_kernel_fraction(row, gpu, notes),
-                optimizer=optimizer, adam_step=adam_step)
+                optimizer=optimizer, adam_step=adam_step, kernel_profile=row.get("kernel_profile"))
 
 
 #: The attention text of rows that ran flash-attention's Triton kernel (MPT's attn_impl='triton').
@@ -369,7 +375,8 @@ def predict(case: Case, speed_models: dict) -> float:
         throughput.COMPILED_DEVICE_RESIDUAL = residual
 
 
-def _predict(case: Case, speed_models: dict) -> float:
+def speed_model_of(case: Case, speed_models: dict) -> SpeedModel:
+    """The speed model of the case's model, sequence, GPU and program (one per distinct combination)."""
     key = (id(case.model), case.seq_len, case.gpu, case.per_node, case.attention, case.objective, case.nic_Gbps,
            case.attention_fraction, case.optimizer, case.adam_step)
     if key not in speed_models:
@@ -380,7 +387,11 @@ def _predict(case: Case, speed_models: dict) -> float:
         if case.attention_fraction is not None:  # the row's own attention kernel, traced as SDPA's (same saves)
             model = speed_models[key]
             model.eff = model.eff.model_copy(update={"attention": case.attention_fraction})
-    t = speed_models[key](case.cfg)
+    return speed_models[key]
+
+
+def _predict(case: Case, speed_models: dict) -> float:
+    t = speed_model_of(case, speed_models)(case.cfg)
     step = t.parts.compute if case.compute_only else t.step_time_s
     tokens = case.cfg.global_batch * case.seq_len
     if case.metric == "tokens_per_s_per_gpu":
@@ -480,6 +491,35 @@ def report(title: str, cases: list[Case], skipped: dict[str, int], worst: int) -
     return out
 
 
+def kernel_times(cases: list[Case]) -> tuple[list[str], list[dict]]:
+    """Where a source profiled its GPU kernels, the model's device time per optimizer step beside them: its GEMMs
+    against the tensor-core kernels, the rest (other kernels, the optimizer's, copies) against the rest."""
+    import planner.throughput as tp
+
+    lines, rows, speed_models = [], [], {}
+    for case in (c for c in cases if c.kernel_profile):
+        model = speed_model_of(case, speed_models)
+        profile, anchor = model.profile(case.cfg)
+        cfg = case.cfg
+        device = tp.device_time(profile, cfg.micro_batch / anchor, cfg.precision, model.gpu, model.eff)
+        optimizer = tp.optimizer_step(model.evaluation.resolved.spec, cfg, case.optimizer, model.gpu, model.eff,
+                                      case.per_node, case.adam_step).gpu_s
+        kp, steps = case.kernel_profile, case.kernel_profile["steps"]
+        measured_gemm = kp["tensor_core_ns"] / steps * 1e-9
+        measured_rest = (kp["other_ns"] + kp["memory_ns"]) / steps * 1e-9
+        gemm = cfg.grad_accum * device.gemm_s
+        rest = cfg.grad_accum * (device.attention_s + device.memory_s) + optimizer
+        rows.append({"id": case.id, "gemm_ms": gemm * 1e3, "tensor_core_ms": measured_gemm * 1e3,
+                     "rest_ms": rest * 1e3, "other_kernels_ms": measured_rest * 1e3})
+        lines.append(f"    {case.id:<40} GEMMs {gemm * 1e3:6.1f} ms vs tensor-core kernels {measured_gemm * 1e3:6.1f} "
+                     f"({gemm / measured_gemm - 1:+.0%}); the rest {rest * 1e3:6.1f} ms vs other kernels "
+                     f"{measured_rest * 1e3:6.1f} ({rest / measured_rest - 1:+.0%}); all {(gemm + rest) * 1e3:6.1f} "
+                     f"vs {(measured_gemm + measured_rest) * 1e3:6.1f} ms")
+    if lines:
+        lines.insert(0, "\n  GPU kernel time per step where the source profiled its kernels (model vs DLProf):")
+    return lines, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=("hf", "optimised", "all"), default="all")
@@ -503,6 +543,9 @@ def main() -> None:
         record[kind] = [{"id": c.id, "group": c.group, "metric": c.metric, "published": c.value,
                          "predicted": c.predicted, "error": signed_error(c), "config": c.cfg.label(),
                          "notes": c.notes, "other_program": c.other_program} for c in cases]
+        if kind == "hf":
+            kernel_lines, record["kernel_times"] = kernel_times(cases)
+            lines += kernel_lines
         if kind == "optimised":
             taus = sweeps(cases)
             lines.append(f"\n  llm-foundry sweeps: median Kendall tau {median([t for _, _, t in taus]):+.2f} "
