@@ -534,9 +534,10 @@ def main() -> None:
     lines = ["Leave-one-source-out: one speed-model constant comes from these rows (torch.compile's device residual, "
              f"from {RESIDUAL_SOURCE}); that source's fold predicts its compiled rows without it, every other fold as "
              "the full model does; all errors are out-of-sample."]
-    record = {}
+    record, planned = {}, []
     for kind in kinds:
         cases, skipped = load(kind, progress)
+        planned += [signed_error(c) for c in cases if not c.other_program]
         title = "HF model code (hf_throughput.json)" if kind == "hf" else \
             "Optimised stacks (throughput_calibration.json; their own model code, not HF's)"
         lines += report(title, cases, skipped, args.worst)
@@ -552,6 +553,8 @@ def main() -> None:
                          f"over {len(taus)} tables (>= 3 rows each)")
             lines += [f"    {name:<44} n={n:<3} tau {tau:+.2f}" for name, n, tau in taus]
             record["kendall_tau"] = [{"sweep": name, "rows": n, "tau": tau} for name, n, tau in taus]
+    if len(kinds) > 1:
+        lines += ["\nEvery published row of a program trainplan plans (both sets):", line("ALL (out-of-sample)", planned)]
     sys.stderr.write("\r" + " " * 100 + "\r")
     text = "\n".join(lines)
     print(text)
