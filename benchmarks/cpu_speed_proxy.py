@@ -5,8 +5,8 @@ A GPU's rates come from efficiency.json; here they are measured first by micro-b
 bf16 matmul FLOP/s, fused attention's forward + backward as a fraction of the matmul rate of its dtype, as
 efficiency.json gives each GPU's, copy bandwidth, the host cost of an eager op, of an op the autograd engine issues,
 of a view and of a module call). On a CPU the host issues and runs every op itself, so a micro-step (and the
-optimizer step, which torch runs on CPU tensors as a Python loop) is the sum of the modelled kernel time and dispatch
-time, not their maximum. The GEMM shape model (wave quantization over SMs) has no
+optimizer step: AdamW's as the Python loop torch runs on CPU tensors, SGD's as its CUDA foreach program, which differs
+by one op per tensor) is the sum of the modelled kernel time and dispatch time, not their maximum. The GEMM shape model (wave quantization over SMs) has no
 meaning here: the CPU is one "SM" with one tile. A checkpointed block's extra host cost is efficiency.json's count of
 Python view ops per block times this CPU's view op; that count was measured on a CPU like this one
 (benchmarks/checkpoint_host_cost.py), so the checkpointed cases are in-sample for it. Nothing is fitted to the
@@ -138,7 +138,8 @@ def predict(config, mb, seq, precision, optimizer, ckpt, n, gpu, eff, rates: dic
     profile, anchor = Evaluation(resolved, seq_len=seq, optimizer=optimizer, device="cpu").speed_profile(cfg)
     blocks = resolved.spec.layers if CHECKPOINTING[ckpt].enabled else 0
     micro = tp.micro_step(profile, mb / anchor, precision, gpu, eff, blocks)
-    # torch steps CPU tensors in a Python loop (`_default_to_fused_or_foreach` picks foreach for CUDA tensors only)
+    # torch steps CPU tensors in a Python loop (`_default_to_fused_or_foreach` picks foreach for CUDA tensors only);
+    # vocab.OPTIMIZER_STEP describes SGD's CUDA program only
     opt = tp.optimizer_step(resolved.spec, cfg, optimizer, gpu, eff, 1, FOR_LOOP_STEP)
     return n * (micro.gpu_s + micro.cpu_s) + opt.gpu_s + opt.cpu_s
 

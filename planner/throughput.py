@@ -30,7 +30,7 @@ from planner.memory.profile import (
 )
 from planner.models.spec import ModelSpec
 from planner.vocab import (
-    ADAM_STEP, CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, FUSED_STEP, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
+    ADAM_STEP, CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, FUSED_STEP, OFFLOAD, OPTIMIZER, OPTIMIZER_STEP, PRECISION, TORCH,
 )
 
 #: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
@@ -44,9 +44,9 @@ TILE_EXPONENT = 0.25
 #: What any GEMM kernel takes however small (prologue, K-loop fill, epilogue): the same table's smallest GEMM,
 #: 256x256x256, runs at 6.45 TFLOPS, i.e. 5.2 us.
 GEMM_LATENCY_S = 5.0e-6
-#: Bytes an optimizer other than Adam's (SGD's momentum, Lion, Adafactor, 8-bit states) streams per trainable
+#: Bytes an optimizer whose step is not counted (bitsandbytes' 8-bit AdamW, Lion, LAMB) streams per trainable
 #: parameter per state byte width, beyond the weight and gradient it reads: it reads and writes each state once.
-#: Adam's steps count their accesses per implementation (`vocab.ADAM_STEP`).
+#: The others count their accesses per program (`vocab.ADAM_STEP`, `vocab.OPTIMIZER_STEP`).
 STATE_PASSES = 2
 #: the torch.optim classes (`vocab.OPTIMIZER` torch_class) whose step `vocab.ADAM_STEP` describes
 ADAM_CLASSES = ("Adam", "AdamW")
@@ -257,18 +257,25 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
 FOREACH_LAUNCH_ELEMENTS = 65536 * 320
 
 
-def trainable_tensors(spec: ModelSpec) -> int:
-    """Parameter tensors the optimizer steps (the spec's trainable tensors; one where the shapes are unknown)."""
-    return max(1, sum(1 for n in spec.tensor_sizes if n > 0))
+def trainable_tensors(spec: ModelSpec) -> tuple[int, int]:
+    """The matrices (2-D or more) and vectors among the parameter tensors the optimizer steps; where the shapes are
+    unknown, one matrix."""
+    ndims = spec.tensor_ndims or (2,) * len(spec.tensor_sizes)
+    trained = [dims for size, dims in zip(spec.tensor_sizes, ndims) if size > 0]
+    if not trained:
+        return 1, 0
+    vectors = sum(1 for dims in trained if dims <= 1)
+    return len(trained) - vectors, vectors
 
 
 def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int,
                    adam_step: str = FUSED_STEP) -> MicroStep:
     """The optimizer step, gradient clipping and fp16's gradient unscaling included: the bytes they stream through
     HBM and the kernels they launch (or CPU Adam under offload, with the gradients down and the weights up over
-    PCIe), beside what the host spends issuing them. `adam_step` is how an Adam-family step runs under the torch
-    engine (`vocab.ADAM_STEP`: the emitted files run the fused kernel; torch's default for CUDA tensors is foreach);
-    DeepSpeed always runs its FusedAdam."""
+    PCIe), beside what the host spends issuing them. The step runs the program `vocab.ADAM_STEP` (for Adam:
+    `adam_step` under the torch engine, the emitted files' fused kernel by default; torch's default for CUDA
+    tensors is foreach; DeepSpeed always runs its FusedAdam) or `vocab.OPTIMIZER_STEP` describes; an optimizer
+    neither counts streams each state once each way, with no host cost."""
     trainable = spec.trainable_parameters / (cfg.world_size if cfg.sharded else 1)
     info = OPTIMIZER[optimizer]
     if OFFLOAD[cfg.offload].optimizer_on_cpu:
@@ -277,15 +284,16 @@ def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: 
                          + trainable * 2 * cfg.weight_bytes() / host_link(gpu, eff), cpu_s=0.0)
     state = cfg.state_width() if info.follows_weights else 1
     states = info.state_bytes // 4 if info.follows_weights else info.state_bytes
+    program = ADAM_STEP[FUSED_STEP if cfg.engine == DEEPSPEED else adam_step] \
+        if info.torch_class in ADAM_CLASSES else OPTIMIZER_STEP.get(optimizer)
     launches = cpu_us = 0.0
-    if info.torch_class in ADAM_CLASSES:
-        how = ADAM_STEP[FUSED_STEP if cfg.engine == DEEPSPEED else adam_step]
-        per_param = how.weight * cfg.weight_bytes() + how.grad * cfg.grad_bytes() + how.state * state
-        tensors = trainable_tensors(spec)
-        launches = (how.kernels_per_tensor * tensors
-                    + how.foreach_ops * math.ceil(trainable / FOREACH_LAUNCH_ELEMENTS))
-        cpu_us = ((how.kernels_per_tensor * tensors + how.foreach_ops) * eff.dispatch_us
-                  + how.host_ops_per_tensor * tensors * eff.python_op_us)
+    if program is not None:
+        per_param = program.weight * cfg.weight_bytes() + program.grad * cfg.grad_bytes() + program.state * state
+        matrices, vectors = trainable_tensors(spec)
+        looped = program.matrix_kernels * matrices + program.vector_kernels * vectors
+        launches = looped + program.foreach_ops * math.ceil(trainable / FOREACH_LAUNCH_ELEMENTS)
+        cpu_us = ((looped + program.foreach_ops) * eff.dispatch_us
+                  + program.host_ops_per_tensor * (matrices + vectors) * eff.python_op_us)
     else:
         per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
     per_param += info.norm_passes * cfg.weight_bytes()  # LAMB: the weights' and the update's norms per layer

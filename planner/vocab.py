@@ -137,19 +137,21 @@ DEFAULT_OPTIMIZER, ADAMW_8BIT = "adamw", "adamw-8bit"
 
 
 @dataclass(frozen=True)
-class AdamStepInfo:
-    """How an Adam-family optimizer step runs on the GPU: the element accesses per trainable parameter its kernels
-    make (reads plus writes; `state` counts the two moments and the step's temporaries, all at the states' width),
-    and what the host issues (kernels per parameter tensor for a Python loop, multi-tensor ops per step, host-only
-    ops per tensor: the CPU step counter's increment and the `.item()` that reads it back)."""
+class StepProgram:
+    """How an optimizer step runs on the GPU: the element accesses per trainable parameter its kernels make (reads
+    plus writes; `state` counts the optimizer's states and the step's temporaries, all at the states' width), and
+    what the host issues: kernels a Python loop launches per matrix (2-D or more) and per vector parameter tensor,
+    multi-tensor ops per step, and host-only ops per tensor (a CPU step counter's increment and the `.item()` that
+    reads it back)."""
 
     doc: str
     weight: int
     grad: int
     state: int
-    kernels_per_tensor: int
-    foreach_ops: int
-    host_ops_per_tensor: int
+    matrix_kernels: int = 0
+    vector_kernels: int = 0
+    foreach_ops: int = 0
+    host_ops_per_tensor: int = 0
 
 
 #: torch/optim/adam.py (torch 2.13), AdamW with decoupled weight decay: `_fused_adam` calls one `torch._fused_adamw_`,
@@ -164,18 +166,34 @@ class AdamStepInfo:
 #: the same kind, timed as "for-loop": `mul_`, `add_`, `mul_`, `addcmul_`, `sqrt`, `add_`, `addcdiv_` per tensor (the
 #: same 3 gradient and 14 state accesses), plus `p.add_(p)` with weight decay (8 kernels, 5 weight accesses; the
 #: Trainer's default weight_decay 0 leaves 7 and 2), its step count a Python int.
-ADAM_STEP: dict[str, AdamStepInfo] = {
-    "fused": AdamStepInfo("one fused kernel over all tensors (torch fused=True, DeepSpeed/apex FusedAdam)",
-                          weight=2, grad=1, state=4, kernels_per_tensor=0, foreach_ops=2, host_ops_per_tensor=0),
-    "foreach": AdamStepInfo("multi-tensor foreach ops (torch's default for CUDA tensors)",
-                            weight=4, grad=3, state=14, kernels_per_tensor=0, foreach_ops=8, host_ops_per_tensor=2),
-    "for-loop": AdamStepInfo("a Python loop over the tensors, 8 kernels each (torch foreach=False; transformers' "
-                             "adamw_hf)", weight=4, grad=3, state=14, kernels_per_tensor=8, foreach_ops=0,
-                             host_ops_per_tensor=2),
+ADAM_STEP: dict[str, StepProgram] = {
+    "fused": StepProgram("one fused kernel over all tensors (torch fused=True, DeepSpeed/apex FusedAdam)",
+                         weight=2, grad=1, state=4, foreach_ops=2),
+    "foreach": StepProgram("multi-tensor foreach ops (torch's default for CUDA tensors)",
+                           weight=4, grad=3, state=14, foreach_ops=8, host_ops_per_tensor=2),
+    "for-loop": StepProgram("a Python loop over the tensors, 8 kernels each (torch foreach=False; transformers' "
+                            "adamw_hf)", weight=4, grad=3, state=14, matrix_kernels=8, vector_kernels=8,
+                            host_ops_per_tensor=2),
 }
 AdamStep = Literal[tuple(ADAM_STEP)]  # type: ignore[valid-type]
 #: what the emitted files run: the Trainer's `adamw_torch_fused` (OPTIMIZER's `trainer` names) or DeepSpeed's FusedAdam
 FUSED_STEP, FOREACH_STEP, FOR_LOOP_STEP = "fused", "foreach", "for-loop"
+
+#: The step the emitted files run for the other optimizers torch or transformers implement, counted from the
+#: optimizers in tests/test_throughput.py as for ADAM_STEP. The Trainer builds `torch.optim.SGD` (momentum from
+#: optim_args; transformers/trainer_optimizer.py `_get_sgd`), which steps CUDA tensors with foreach ops: one
+#: `_foreach_add_`, with momentum `_foreach_mul_` and two `_foreach_add_` on the buffers and weights. Its `adafactor`
+#: is transformers' Adafactor with scale_parameter=False, relative_step=False (`_get_adafactor`), a Python loop
+#: (transformers/optimization.py `Adafactor.step`): per matrix 24 kernels, the factored row and column means and
+#: the weight's and update's RMS norms among them; per vector 16; its temporaries are full-size (16 state accesses
+#: per element of a matrix, 20 of a vector: the matrices' figure is used). bitsandbytes' optimizers (8-bit AdamW,
+#: Lion, LAMB) are not counted here: their step keeps the bytes-only estimate.
+OPTIMIZER_STEP: dict[str, StepProgram] = {
+    "sgd": StepProgram("torch SGD, foreach", weight=2, grad=1, state=0, foreach_ops=1),
+    "sgd-momentum": StepProgram("torch SGD with momentum, foreach", weight=2, grad=1, state=5, foreach_ops=3),
+    "adafactor": StepProgram("transformers' Adafactor, a Python loop", weight=3, grad=2, state=16, matrix_kernels=24,
+                             vector_kernels=16),
+}
 
 
 @dataclass(frozen=True)

@@ -315,76 +315,88 @@ def test_fp16_loss_scaling_unscales_every_gradient_before_the_step():
     assert extra == pytest.approx(spec.trainable_parameters * 2 * fp16.grad_bytes() / T.bandwidth(gpu, eff))
 
 
-class _AdamAccesses(TorchDispatchMode):
-    """Counts, for each kind of tensor an optimizer step touches, the elements its ops read and write (a mutated
-    argument of the op's schema is read and written, an output written), the ops that touch a parameter-sized
-    tensor (kernels on a GPU) and the ops on the one-element `step` counters (host-only on a GPU: they live on
-    the CPU unless fused)."""
+class _StepCounter(TorchDispatchMode):
+    """Counts what an optimizer step does: for each kind of tensor (weight, gradient, anything else: states and
+    temporaries) the elements its ops read and write (a mutated argument of the op's schema is read and written,
+    an output written), the ops that launch a kernel on a GPU (views excluded), and the host-only ops: those on
+    the CPU `step` counters a non-fused torch Adam keeps (`host`), and the Python scalars it wraps for them."""
 
-    def __init__(self, params, grads, states):
+    def __init__(self, params, host=()):
         super().__init__()
-        self.kind = {**{t.data_ptr(): "weight" for t in params}, **{t.data_ptr(): "grad" for t in grads},
-                     **{t.data_ptr(): "state" for t in states}}
+        self.kind = {**{p.data_ptr(): "weight" for p in params}, **{p.grad.data_ptr(): "grad" for p in params}}
+        self.on_host = {t.data_ptr() for t in host}
         self.elements = {"weight": 0, "grad": 0, "state": 0}
         self.kernels, self.host = 0, 0
 
-    def _count(self, t, times=1):
-        self.elements[self.kind.get(t.data_ptr(), "state")] += times * t.numel()  # temporaries: the states' width
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from planner.memory.profile import _FREE
+
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        touched, written, scalars = [], [], 0
+        name = func.overloadpacket.__name__
+        touched, written = [], []
         for spec, arg in zip(func._schema.arguments, list(args) + [kwargs.get(a.name) for a in
                                                                    func._schema.arguments[len(args):]]):
             tensors = [arg] if isinstance(arg, torch.Tensor) else \
                 [t for t in arg if isinstance(t, torch.Tensor)] if isinstance(arg, (list, tuple)) else []
-            scalars += sum(1 for t in tensors if t.numel() == 1)
-            tensors = [t for t in tensors if t.numel() > 1]
             touched += tensors
             if spec.alias_info is not None and spec.alias_info.is_write:
                 written += tensors
         if not func._schema.is_mutable:
-            outs = [out] if isinstance(out, torch.Tensor) else [t for t in out if isinstance(t, torch.Tensor)] \
-                if isinstance(out, (list, tuple)) else []
-            written += [t for t in outs if t.numel() > 1]
-        if not touched and not written:
-            self.host += int(scalars > 0 or isinstance(out, torch.Tensor))  # not the profiler's record_function
-            return out
-        self.kernels += 1
-        for t in touched + written:
-            self._count(t)
+            written += [out] if isinstance(out, torch.Tensor) else \
+                [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (list, tuple)) else []
+        if name == "lift_fresh" or (touched and all(t.data_ptr() in self.on_host for t in touched + written)):
+            self.on_host.update(t.data_ptr() for t in written)
+            self.host += 1
+        elif touched + written and name not in _FREE:
+            self.kernels += 1
+            for t in touched + written:
+                self.elements[self.kind.get(t.data_ptr(), "state")] += t.numel()
         return out
 
 
-@pytest.mark.parametrize("step, flags", [("fused", {"fused": True}), ("foreach", {"foreach": True}),
-                                         ("for-loop", {"foreach": False})])
-def test_the_adam_step_table_is_what_torchs_adamw_runs(step, flags):
-    """vocab.ADAM_STEP, counted from torch's AdamW itself on the CPU (the same Python and the same ops as on a GPU):
-    element accesses by kind, kernels, host-only ops on the step counters."""
-    from planner.vocab import ADAM_STEP
+def _adafactor(params):
+    from transformers.optimization import Adafactor
 
-    shapes = [(64, 32), (32,), (48, 16)]
-    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    return Adafactor(params, lr=1e-3, scale_parameter=False, relative_step=False)  # the Trainer's arguments
+
+
+@pytest.mark.parametrize("table, key, make", [
+    ("ADAM_STEP", "fused", lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, fused=True)),
+    ("ADAM_STEP", "foreach", lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=True)),
+    ("ADAM_STEP", "for-loop", lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=False)),
+    ("OPTIMIZER_STEP", "sgd", lambda ps: torch.optim.SGD(ps, lr=1e-3, foreach=True)),
+    ("OPTIMIZER_STEP", "sgd-momentum", lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, foreach=True)),
+    ("OPTIMIZER_STEP", "adafactor", _adafactor),
+])
+def test_each_step_program_is_what_its_optimizer_runs(table, key, make):
+    """vocab.ADAM_STEP and vocab.OPTIMIZER_STEP, counted from the optimizers themselves on the CPU (the same Python
+    and the same ops as on a GPU): element accesses by kind, kernels per matrix and per vector, multi-tensor ops,
+    host-only ops on the step counters."""
+    import planner.vocab as V
+
+    program = getattr(V, table)[key]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in ((512, 256), (256, 128), (256,))]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **flags)
+    opt = make(params)
     opt.step()  # states exist
-    states = [t for p in params for t in (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])]
-    counter = _AdamAccesses(params, [p.grad for p in params], states)
+    fused = key == "fused"  # a fused step keeps its counters on the GPU: their add is one of its multi-tensor ops
+    steps = [] if fused else [s for p in params if isinstance(s := opt.state[p].get("step"), torch.Tensor)]
+    counter = _StepCounter(params, steps)
     with counter:
         opt.step()
     n = sum(p.numel() for p in params)
-    how = ADAM_STEP[step]
-    grad_written = n if step == "fused" else 0  # `_fused_adamw_`'s schema marks the gradients mutable (for its
-    # grad_scale / maximize variants); this step's kernel only reads them
-    assert counter.elements == {"weight": how.weight * n, "grad": how.grad * n + grad_written, "state": how.state * n}
-    if step == "fused":  # the fused kernel, and the step counters' add (on the GPU, fused keeps them there)
-        assert (counter.kernels, counter.host) == (1, 1) and how.foreach_ops == 2
-    else:
-        assert counter.kernels == how.kernels_per_tensor * len(params) + how.foreach_ops
-        # each tensor's CPU step counter: incremented and read back (foreach: two reads, one batched increment)
-        assert counter.host == how.host_ops_per_tensor * len(params) + (2 if step == "foreach" else 0)
+    grad_written = n if fused else 0  # `_fused_adamw_`'s schema marks the gradients mutable (for its grad_scale /
+    # maximize variants); this step's kernel only reads them
+    assert counter.elements["weight"] == program.weight * n
+    assert counter.elements["grad"] == program.grad * n + grad_written
+    # temporaries at the states' width; Adafactor's factored row and column statistics and its vectors' unfactored
+    # second moment are the table's rounding
+    assert counter.elements["state"] == pytest.approx(program.state * n, rel=0.01)
+    assert counter.kernels == 2 * program.matrix_kernels + program.vector_kernels + program.foreach_ops
+    # each tensor's CPU step counter, incremented and read back; foreach increments them in one op, on a wrapped 1.0
+    assert counter.host == program.host_ops_per_tensor * len(params) + (2 if key == "foreach" else 0)
 
 
 def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
@@ -395,8 +407,10 @@ def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
                  offload="none")
     fused, foreach, loop = (T.optimizer_step(spec, cfg, "adamw", gpu, eff, 1, how)
                             for how in ("fused", "foreach", "for-loop"))
-    n, tensors = spec.trainable_parameters, T.trainable_tensors(spec)
+    n, (matrices, vectors) = spec.trainable_parameters, T.trainable_tensors(spec)
+    tensors = matrices + vectors
     assert tensors == sum(1 for size in spec.tensor_sizes if size > 0) > 300  # BERT-large's weights and biases
+    assert matrices == 24 * 6 + 4 and vectors > matrices  # 6 per block, 3 embedding tables, the MLM head's dense
     extra_bytes = (21 - 7) * 4 * n  # 21 fp32 accesses per parameter instead of the fused kernel's 7
     extra_launches = (8 - 2) * math.ceil(n / T.FOREACH_LAUNCH_ELEMENTS)  # 8 multi-tensor ops instead of 2
     assert foreach.gpu_s - fused.gpu_s == pytest.approx(
@@ -413,6 +427,27 @@ def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
                                                                                            eff, 1)
     assert T.optimizer_step(spec, cfg, "sgd", gpu, eff, 1, "for-loop") == T.optimizer_step(spec, cfg, "sgd", gpu,
                                                                                           eff, 1)
+
+
+def test_adafactors_python_loop_costs_the_host_its_kernels_per_matrix_and_per_vector():
+    from planner.vocab import OPTIMIZER_STEP
+
+    spec = resolve_model("google-bert/bert-large-uncased").spec
+    gpu = lookup_gpu("A100-80GB")
+    eff = efficiency(gpu.name)
+    cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=0, offload="none")
+    matrices, vectors = T.trainable_tensors(spec)
+    program = OPTIMIZER_STEP["adafactor"]
+    step = T.optimizer_step(spec, cfg, "adafactor", gpu, eff, 1)
+    kernels = program.matrix_kernels * matrices + program.vector_kernels * vectors
+    assert step.cpu_s == pytest.approx(kernels * eff.dispatch_us * 1e-6)
+    assert step.cpu_s > step.gpu_s  # some 6,000 kernels from Python: the host binds
+    per_param = 3 * 4 + 2 * 4 + 16 * 4 + 2 * 4  # weights, gradients, temporaries, clipping: fp32 under autocast
+    assert step.gpu_s == pytest.approx(spec.trainable_parameters * per_param / T.bandwidth(gpu, eff)
+                                       + kernels * eff.launch_us * 1e-6)
+    # an optimizer whose step no table counts (bitsandbytes') keeps the bytes-only estimate, with no host time
+    assert T.optimizer_step(spec, cfg, "adamw-8bit", gpu, eff, 1).cpu_s == 0.0
 
 
 def test_a_speed_model_times_the_adam_step_its_program_runs():

@@ -265,6 +265,7 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
         expert_parameters=routed_expert_parameters(model),
         largest_layer_parameters=largest, embedding_parameters=embed,
         tensor_sizes=tuple(p.numel() if p.requires_grad else -p.numel() for p in params),
+        tensor_ndims=tuple(p.dim() for p in params),
         attention_dropout=float(_first(text, "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob",
                                        "dropout_rate", default=0.0) or 0.0),
         hidden_dropout=float(_first(text, "hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate",

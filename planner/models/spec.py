@@ -39,6 +39,8 @@ class ModelSpec(BaseModel):
     #: numel of each parameter tensor (negative: frozen), in the model's order: the allocations the caching
     #: allocator serves for weights, gradients and optimizer states
     tensor_sizes: tuple[int, ...] = ()
+    #: dimensions of each parameter tensor, in the same order (a vector's optimizer step differs from a matrix's)
+    tensor_ndims: tuple[int, ...] = ()
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     position: str = "learned"   # learned | rope | alibi | relative
