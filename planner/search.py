@@ -22,7 +22,7 @@ from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.types import Candidate, ThroughputInfo
 from planner.vocab import (
     ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, FUSED_STEP, NO_ADAPTER, NO_OFFLOAD,
-    OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE,
+    OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE, AdamStep,
 )
 
 
@@ -132,7 +132,7 @@ class SpeedModel:
     afterwards (planner/refine.py, `speed_calibrations_from`)."""
 
     def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None,
-                 adam_step: str = FUSED_STEP):
+                 adam_step: AdamStep = FUSED_STEP):
         from planner.hardware.efficiency_data import efficiency_of
 
         self.evaluation, self.gpu, self.gpus_per_node = evaluation, gpu, gpus_per_node

@@ -31,6 +31,7 @@ from planner.memory.profile import (
 from planner.models.spec import ModelSpec
 from planner.vocab import (
     ADAM_STEP, CHECKPOINTING, DEEPSPEED, FP32_COMPUTE, FUSED_STEP, OFFLOAD, OPTIMIZER, OPTIMIZER_STEP, PRECISION, TORCH,
+    AdamStep,
 )
 
 #: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
@@ -269,7 +270,7 @@ def trainable_tensors(spec: ModelSpec) -> tuple[int, int]:
 
 
 def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int,
-                   adam_step: str = FUSED_STEP) -> MicroStep:
+                   adam_step: AdamStep = FUSED_STEP) -> MicroStep:
     """The optimizer step, gradient clipping and fp16's gradient unscaling included: the bytes they stream through
     HBM and the kernels they launch (or CPU Adam under offload, with the gradients down and the weights up over
     PCIe), beside what the host spends issuing them. The step runs the program `vocab.ADAM_STEP` (for Adam:
@@ -307,7 +308,7 @@ def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: 
 
 
 def optimizer_seconds(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: Efficiency, per_node: int,
-                      adam_step: str = FUSED_STEP) -> float:
+                      adam_step: AdamStep = FUSED_STEP) -> float:
     """The optimizer step's time (`optimizer_step`): the host issues it while the GPU runs it, the longer wins."""
     return optimizer_step(spec, cfg, optimizer, gpu, eff, per_node, adam_step).seconds
 
@@ -475,7 +476,7 @@ def compiled_profile(profile: Profile, effect: CompileEffect) -> Profile:
 def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_node: int, profile: Profile,
               traced_micro_batch: int, optimizer: str, eff: Efficiency, tp_share: float = 1.0,
               compile_effect: CompileEffect | None = None, train_steps: int | None = None,
-              adam_step: str = FUSED_STEP) -> Throughput:
+              adam_step: AdamStep = FUSED_STEP) -> Throughput:
     """The optimizer step's time for `cfg`, from the profile of a micro-step traced at `traced_micro_batch`
     (`tp_share`: the share of the unsplit model's activation bytes a tensor-parallel rank keeps; `adam_step`: how
     an Adam-family optimizer runs, `vocab.ADAM_STEP`, the emitted files' fused kernel by default). A compiled step

@@ -186,7 +186,8 @@ FUSED_STEP, FOREACH_STEP, FOR_LOOP_STEP = "fused", "foreach", "for-loop"
 #: is transformers' Adafactor with scale_parameter=False, relative_step=False (`_get_adafactor`), a Python loop
 #: (transformers/optimization.py `Adafactor.step`): per matrix 24 kernels, the factored row and column means and
 #: the weight's and update's RMS norms among them; per vector 16; its temporaries are full-size (16 state accesses
-#: per element of a matrix, 20 of a vector: the matrices' figure is used). bitsandbytes' optimizers (8-bit AdamW,
+#: per element of a matrix, 20 of a vector: the matrices' figure is used; counted on fp32 weights, where 16-bit
+#: ones add an fp32 copy of the weight and gradient each). bitsandbytes' optimizers (8-bit AdamW,
 #: Lion, LAMB) are not counted here: their step keeps the bytes-only estimate.
 OPTIMIZER_STEP: dict[str, StepProgram] = {
     "sgd": StepProgram("torch SGD, foreach", weight=2, grad=1, state=0, foreach_ops=1),
