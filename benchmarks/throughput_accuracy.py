@@ -26,7 +26,8 @@ flash-attention's Triton kernel (attn_impl='triton'), slower than SDPA's FlashAt
 rate is published (FlashAttention-2 paper, efficiency.json `triton_flash_fwd_bwd_fraction`), they are timed with it;
 on the H100 at SDPA's rate. Each row's optimizer is timed as its text says it ran (`map_optimizer`): a fused kernel
 (apex's or DeepSpeed's FusedAdam, torch fused=True), torch's foreach default, or a Python loop over the tensors
-(transformers' adamw_hf, the Trainer's default up to 4.31; torch before 2.0), `vocab.ADAM_STEP`'s three programs.
+(transformers' adamw_hf, the Trainer's default up to 4.31; torch before 2.0), `vocab.ADAM_STEP`'s three programs;
+another optimizer it names is timed by name (`vocab.OPTIMIZER_STEP`'s program where one is counted).
 
 Where a source published its GPU kernel profile (tlkh's DLProf summaries: tensor-core kernels, other kernels,
 copies, over the run's steps), the report sets the model's device time per step beside it, GEMMs against the
