@@ -83,6 +83,7 @@ def summary(plan) -> Panel:
         + (", [bold]torch.compile[/]" if cfg.compiled else ""),
         f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
         f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
+        *step_breakdown(tp, cfg.grad_accum),
         _closeness(c.memory, h),
     ]
     if plan.lr.learning_rate is not None:
@@ -94,6 +95,26 @@ def summary(plan) -> Panel:
     body = Group(Text.from_markup("\n".join(lines)), Text(""),
                  memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
     return Panel(body, title="trainplan", border_style="green")
+
+
+def fmt_seconds(x: float) -> str:
+    return f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.3g} ms"
+
+
+def step_breakdown(tp, grad_accum: int) -> list[str]:
+    """Where a step's time goes (its parts), and whether a micro-step is bound by the GPU's kernels or by the CPU
+    dispatching them, as modelled; nothing for a throughput without parts (measured only)."""
+    parts = tp.parts
+    if parts.compute <= 0:
+        return []
+    text = f"step = {grad_accum} micro-step{'s' if grad_accum > 1 else ''} x {fmt_seconds(parts.compute / grad_accum)}"
+    if parts.micro_gpu or parts.micro_cpu:
+        text += (f" ({parts.bound()} as modelled: GPU kernels {fmt_seconds(parts.micro_gpu)}, CPU dispatch "
+                 f"{fmt_seconds(parts.micro_cpu)})")
+    for name in ("optimizer", "communication", "offload", "compile"):
+        if getattr(parts, name) > 0:
+            text += f" + {name} {fmt_seconds(getattr(parts, name))}"
+    return [text]
 
 
 def _closeness(mem, hardware) -> str:

@@ -75,6 +75,14 @@ class StepParts(BaseModel):
     compile: float = 0.0
     #: that first step's compile time itself, paid once per run (not part of `total`)
     compile_once: float = 0.0
+    #: one micro-step's GPU kernel time and CPU dispatch time as modelled, before any probe calibration (`compute`
+    #: takes the longer per micro-step; not part of `total`)
+    micro_gpu: float = 0.0
+    micro_cpu: float = 0.0
+
+    def bound(self) -> str:
+        """What binds a micro-step as modelled: the GPU's kernels or the CPU's dispatch of them."""
+        return "CPU-bound" if self.micro_cpu > self.micro_gpu else "GPU-bound"
 
     @property
     def total(self) -> float:
@@ -500,7 +508,8 @@ def step_time(spec: ModelSpec, gpu: GPU, cfg: Config, *, seq_len: int, gpus_per_
     comm = communication_seconds(spec, cfg, gpus_per_node, backward, micro.seconds, gpu, eff)
     off = offload_seconds(spec, cfg, gpu, eff)
     parts = StepParts(compute=compute, optimizer=opt, communication=comm, offload=off,
-                      compile=compile_once / train_steps if train_steps else 0.0, compile_once=compile_once)
+                      compile=compile_once / train_steps if train_steps else 0.0, compile_once=compile_once,
+                      micro_gpu=micro.gpu_s, micro_cpu=micro.cpu_s)
     total = parts.total
     tokens = cfg.global_batch * seq_len
     dense, attn = flops_per_token(spec, seq_len)

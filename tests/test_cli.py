@@ -203,3 +203,34 @@ def test_json_errors_are_json():
     assert result.exit_code == 2
     data = json.loads(result.stdout)
     assert data["flag"] == "--batch" and data["exit_code"] == 2 and data["error"]
+
+
+def test_the_plan_says_where_its_step_time_goes():
+    result = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--micro-batch", "8", "--json")
+    assert result.exit_code == 0, result.output
+    tp = json.loads(result.stdout)["throughput"]
+    parts, accum = tp["parts"], 64 // 8
+    assert parts["compute"] == pytest.approx(accum * max(parts["micro_gpu"], parts["micro_cpu"]))
+    assert parts["bound"] == ("CPU-bound" if parts["micro_cpu"] > parts["micro_gpu"] else "GPU-bound")
+    assert tp["step_time_s"] == pytest.approx(sum(parts[k] for k in ("compute", "optimizer", "communication",
+                                                                        "offload", "compile")))
+    text = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--micro-batch", "8").output
+    assert f"step = {accum} micro-steps x" in " ".join(text.split()) and parts["bound"] in text
+
+
+def test_the_step_breakdown_names_what_binds_and_only_the_parts_there_are():
+    from planner.render import step_breakdown
+    from planner.throughput import StepParts
+    from planner.types import ThroughputInfo
+
+    def line(**parts):
+        tp = ThroughputInfo(tokens_per_s=1.0, samples_per_s=1.0, mfu=0.1, step_time_s=1.0, parts=StepParts(**parts))
+        return step_breakdown(tp, 4)
+
+    host = line(compute=0.4, optimizer=0.002, micro_gpu=0.05, micro_cpu=0.1)
+    assert host == ["step = 4 micro-steps x 100 ms (CPU-bound as modelled: GPU kernels 50 ms, CPU dispatch 100 ms) "
+                    "+ optimizer 2 ms"]
+    device = line(compute=8.0, communication=1.5, micro_gpu=2.0, micro_cpu=0.1)
+    assert device == ["step = 4 micro-steps x 2.00 s (GPU-bound as modelled: GPU kernels 2.00 s, CPU dispatch "
+                      "100 ms) + communication 1.50 s"]
+    assert line() == []  # a measured throughput without parts
