@@ -1,5 +1,6 @@
 """The speed model's parts: the GEMM shape model against a measured GEMM table, the traced op profile (who
-dispatches what, attention kernels, causal masking), the micro-step's CPU/GPU overlap, and probe calibration."""
+dispatches what, attention kernels, causal masking), the micro-step's CPU/GPU overlap, the optimizer step's programs
+(counted from the optimizers themselves), communication, and probe calibration."""
 
 from __future__ import annotations
 
