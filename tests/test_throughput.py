@@ -443,7 +443,7 @@ def test_adafactors_python_loop_costs_the_host_its_kernels_per_matrix_and_per_ve
     step = T.optimizer_step(spec, cfg, "adafactor", gpu, eff, 1)
     kernels = program.matrix_kernels * matrices + program.vector_kernels * vectors
     assert step.cpu_s == pytest.approx(kernels * eff.dispatch_us * 1e-6)
-    assert step.cpu_s > step.gpu_s  # some 6,000 kernels from Python: the host binds
+    assert step.cpu_s > step.gpu_s  # 7,488 kernels from Python: the host binds
     per_param = 3 * 4 + 2 * 4 + 16 * 4 + 2 * 4  # weights, gradients, temporaries, clipping: fp32 under autocast
     assert step.gpu_s == pytest.approx(spec.trainable_parameters * per_param / T.bandwidth(gpu, eff)
                                        + kernels * eff.launch_us * 1e-6)
