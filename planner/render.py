@@ -108,7 +108,7 @@ def step_breakdown(tp, grad_accum: int) -> list[str]:
     if parts.compute <= 0:
         return []
     text = f"step = {grad_accum} micro-step{'s' if grad_accum > 1 else ''} x {fmt_seconds(parts.compute / grad_accum)}"
-    if parts.micro_gpu or parts.micro_cpu:
+    if parts.bound():
         text += (f" ({parts.bound()} as modelled: GPU kernels {fmt_seconds(parts.micro_gpu)}, CPU dispatch "
                  f"{fmt_seconds(parts.micro_cpu)})")
     for name in ("optimizer", "communication", "offload", "compile"):

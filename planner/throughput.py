@@ -80,8 +80,11 @@ class StepParts(BaseModel):
     micro_gpu: float = 0.0
     micro_cpu: float = 0.0
 
-    def bound(self) -> str:
-        """What binds a micro-step as modelled: the GPU's kernels or the CPU's dispatch of them."""
+    def bound(self) -> str | None:
+        """What binds a micro-step as modelled: the GPU's kernels or the CPU's dispatch of them (None: not
+        modelled, as for a measured step)."""
+        if not (self.micro_gpu or self.micro_cpu):
+            return None
         return "CPU-bound" if self.micro_cpu > self.micro_gpu else "GPU-bound"
 
     @property

@@ -215,8 +215,7 @@ class Plan(BaseModel):
             "memory": _memory_json(self.choice.memory),
             "throughput": {"tokens_per_s": tp.tokens_per_s, "samples_per_s": tp.samples_per_s, "mfu": tp.mfu,
                            "step_time_s": tp.step_time_s, "source": tp.source,
-                           "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()
-                                     if tp.parts.micro_gpu or tp.parts.micro_cpu else None}},
+                           "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()}},
             "candidates": [c.to_json() for c in self.candidates],
             "notes": list(self.notes),
             "loss_scaling": self.loss_scaling(),
