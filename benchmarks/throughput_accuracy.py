@@ -330,9 +330,10 @@ def interpret(row: dict, kind: str, models: dict) -> Case:
     attention = "eager" if str(row.get("attention", "")).lower().startswith("eager") else "sdpa"
     other = OTHER_PROGRAM if "Liger-Kernel" in row.get("notes", "") else \
         WALL_TIME if row.get("notes", "").startswith("DERIVED from wall time") else ""
-    optimizer, adam_step = map_optimizer(row, notes) if not compute_only(row) else (DEFAULT_OPTIMIZER, FUSED_STEP)
+    only = compute_only(row)
+    optimizer, adam_step = map_optimizer(row, notes) if not only else (DEFAULT_OPTIMIZER, FUSED_STEP)
     return Case(row["id"], group, kind, row["metric"], float(row["value"]), models[key], gpu, cfg, row["seq_len"],
-                max(1, world // nodes), attention, compute_only(row), objective(row), notes, other_program=other,
+                max(1, world // nodes), attention, only, objective(row), notes, other_program=other,
                 nic_Gbps=row.get("nic_per_gpu_Gbps"), attention_fraction=attention_kernel_fraction(row, gpu, notes),
                 optimizer=optimizer, adam_step=adam_step, kernel_profile=row.get("kernel_profile"))
 
@@ -412,11 +413,13 @@ def signed_error(case: Case) -> float:
     return ratio - 1 if case.metric == "step_time_s" else 1 / ratio - 1
 
 
-def load(kind: str, progress) -> tuple[list[Case], dict[str, int]]:
+def load(kind: str, progress, speed_models: dict) -> tuple[list[Case], dict[str, int]]:
+    """The set's rows interpreted and predicted, the speed models they need kept in `speed_models`
+    (`speed_model_of`; its keys hold for as long as the returned cases keep their models)."""
     path = DATA / ("hf_throughput.json" if kind == "hf" else "throughput_calibration.json")
     data = json.loads(path.read_text())
     rows = data["rows"] if "rows" in data else data["cases"]
-    cases, skipped, models, speed_models = [], defaultdict(int), {}, {}
+    cases, skipped, models = [], defaultdict(int), {}
     for i, row in enumerate(rows):
         progress(f"{kind} {i + 1}/{len(rows)} {row['id']}")
         try:
@@ -492,12 +495,12 @@ def report(title: str, cases: list[Case], skipped: dict[str, int], worst: int) -
     return out
 
 
-def kernel_times(cases: list[Case]) -> tuple[list[str], list[dict]]:
+def kernel_times(cases: list[Case], speed_models: dict) -> tuple[list[str], list[dict]]:
     """Where a source profiled its GPU kernels, the model's device time per optimizer step beside them: its GEMMs
     against the tensor-core kernels, the rest (other kernels, the optimizer's, copies) against the rest."""
     import planner.throughput as tp
 
-    lines, rows, speed_models = [], [], {}
+    lines, rows = [], []
     for case in (c for c in cases if c.kernel_profile):
         model = speed_model_of(case, speed_models)
         profile, anchor = model.profile(case.cfg)
@@ -537,7 +540,8 @@ def main() -> None:
              "the full model does; all errors are out-of-sample."]
     record, planned = {}, []
     for kind in kinds:
-        cases, skipped = load(kind, progress)
+        speed_models: dict = {}
+        cases, skipped = load(kind, progress, speed_models)
         planned += [signed_error(c) for c in cases if not c.other_program]
         title = "HF model code (hf_throughput.json)" if kind == "hf" else \
             "Optimised stacks (throughput_calibration.json; their own model code, not HF's)"
@@ -546,7 +550,7 @@ def main() -> None:
                          "predicted": c.predicted, "error": signed_error(c), "config": c.cfg.label(),
                          "notes": c.notes, "other_program": c.other_program} for c in cases]
         if kind == "hf":
-            kernel_lines, record["kernel_times"] = kernel_times(cases)
+            kernel_lines, record["kernel_times"] = kernel_times(cases, speed_models)
             lines += kernel_lines
         if kind == "optimised":
             taus = sweeps(cases)
