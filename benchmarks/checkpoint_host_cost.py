@@ -12,7 +12,7 @@ tiny HF blocks (hidden 64, 16 tokens: the kernels cost next to nothing), per blo
 and divides it by the same host's cost of a Python view op (`x.view`, the planner's `python_op_us`), so that another
 host's figure follows from its own view-op cost (planner/hardware/efficiency_data.py multiplies them).
 
-Selective checkpointing (the per-op policy the planner emits, planner/memory/step.py `_sac_context`) adds a Python
+Selective checkpointing (the per-op policy the planner emits, planner/program/step.py `_sac_context`) adds a Python
 TorchDispatchMode that handles every op of the block, once in the forward and once in the recompute
 (torch/utils/checkpoint.py `_CachingTorchDispatchMode`, `_CachedTorchDispatchMode`, each calling the policy). Its
 cost is measured per op handled:
@@ -66,7 +66,7 @@ def build(kind: str, layers: int, device: str):
 def step_seconds(model, mode: str, device: str, steps: int = 20) -> float:
     """Mean time of a step: 'plain' forward+backward, 'checkpointed' the same with every block checkpointed,
     'selective' with the planner's per-op policy, 'forward' a grad-enabled forward alone."""
-    from planner.memory.step import enable_checkpointing
+    from planner.program.step import enable_checkpointing
 
     model.gradient_checkpointing_disable()
     if mode in ("checkpointed", "selective"):
@@ -99,8 +99,8 @@ def view_op_us(device: str, count: int = 20000) -> float:
 
 def forward_ops(model, device: str) -> int:
     """The aten ops a forward dispatches, kernels and views, counted by the planner's own op recorder: the count
-    its speed profile charges the policy for (planner/memory/profile.py `POLICY_OPS`)."""
-    from planner.memory.profile import PY_KERNELS, PY_VIEWS, OpRecorder
+    its speed profile charges the policy for (planner/program/profile.py `POLICY_OPS`)."""
+    from planner.program.profile import PY_KERNELS, PY_VIEWS, OpRecorder
 
     model.gradient_checkpointing_disable()
     ids = torch.randint(0, 128, (1, TOKENS), device=device)

@@ -6,7 +6,7 @@ Rows: benchmarks/data/hf_throughput.json, the eager/compiled pairs (`compile` tr
 the cold first-step compile times (`compile_time`). For each pair: the modelled eager and compiled step against the
 published ones, and the modelled speed-up against the published one. `COMPILE_SECONDS_PER_OP` is derived from the
 two compile-time rows and `COMPILED_DEVICE_RESIDUAL` from the Llama-3.1-8B forward+backward pair
-(planner/memory/compiled.py): those rows are in-sample, and are marked so.
+(planner/program/compiled.py): those rows are in-sample, and are marked so.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def predict_compile_time(row: dict) -> dict:
     evaluation = Evaluation(resolved, seq_len=row["seq_len"], optimizer="adamw", attention="sdpa", gpu=gpu)
     cfg = ta.Config.of(micro_batch=row["micro_batch"], grad_accum=1, world_size=1, precision="bf16-true",
                        checkpointing="none", zero_stage=0, offload="none", compiled=True)
-    effect = evaluation.compile_effect(cfg)
+    effect = evaluation.workload.compile_effect(cfg)
     modelled = effect.compile_seconds(resolved.spec.layers)
     return {"id": row["id"], "published_s": row["value"], "modelled_s": modelled,
             "error": modelled / row["value"] - 1, "in_sample": row["id"] in IN_SAMPLE}

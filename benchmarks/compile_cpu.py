@@ -8,7 +8,7 @@ run eager and under `torch.compile`, and measured:
   allocator, compiled code's buffers included) — eager minus compiled is what compiling saves at the peak;
 - the kernels Inductor launches per step: the calls of its generated `cpp_fused_*` kernels in the forward and
   backward modules it writes.
-The planner's side is `planner.memory.compiled.analyse_program` on the same program at the same size: the bytes
+The planner's side is `planner.program.compiled.analyse_program` on the same program at the same size: the bytes
 Inductor's partition saves less than eager (all of it, and the blocks' share, `CompileEffect.saved_less`, which the
 plan reports) and the planner's fused kernel count. The planner plans a compiled step's memory as eager's because
 the peak measured here falls by less than the blocks' partition saving on the deeper Llama. Inductor's C++ backend
@@ -91,8 +91,8 @@ def inductor_launches(model, ids) -> list[int]:
 
 
 def planner_side(config, micro_batch: int, seq_len: int) -> dict:
-    from planner.memory.compiled import analyse_program
-    from planner.memory.trace import TraceRequest
+    from planner.program.compiled import analyse_program
+    from planner.program.trace import TraceRequest
     from planner.models import resolve_model
 
     resolved = resolve_model(config)

@@ -1,4 +1,4 @@
-"""The speed model's accounting checked on the CPU: the same per-op model (planner/throughput.py on the traced op
+"""The speed model's accounting checked on the CPU: the same per-op model (planner/speed/ on the traced op
 profile) with this machine's own rates predicts the real CPU step times of cpu_memory_accuracy.py's cases.
 
 A GPU's rates come from efficiency.json; here they are measured first by micro-benchmarks on this CPU (fp32 and
@@ -91,7 +91,7 @@ def measure_rates() -> dict:
 def attention_tflops(dtype, batch: int = 4, heads: int = 8, seq: int = 256, head_dim: int = 32) -> float:
     """SDPA's causal forward + backward on this CPU (the cases' attention shape: 8 heads of 32, 256 tokens), in
     TFLOP/s counted as the traced profile counts them (torch.utils.flop_counter's SDPA formulas, halved for causal
-    masking: planner/memory/profile.py `OpRecorder._attention`)."""
+    masking: planner/program/profile.py `OpRecorder._attention`)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     q, k, v = (torch.randn(batch, heads, seq, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -124,10 +124,12 @@ def cpu_model(rates: dict):
 
 
 def predict(config, mb, seq, precision, optimizer, ckpt, n, gpu, eff, rates: dict) -> float:
-    import planner.throughput as tp
     from planner.config import Config
-    from planner.memory.estimate import Evaluation
     from planner.models import resolve_model
+    from planner.program.workload import Workload
+    from planner.speed.kernels import micro_step
+    from planner.speed.model import speed_profile
+    from planner.speed.optimizer import optimizer_step
     from planner.vocab import CHECKPOINTING, FOR_LOOP_STEP, PRECISION
 
     resolved = resolve_model(config)
@@ -135,19 +137,19 @@ def predict(config, mb, seq, precision, optimizer, ckpt, n, gpu, eff, rates: dic
                  zero_stage=0, offload="none")
     if PRECISION[precision].weight_bytes == 2 or PRECISION[precision].autocast:  # attention runs in bf16
         eff = eff.model_copy(update={"attention": rates["attention_fraction_bfloat16"]})
-    profile, anchor = Evaluation(resolved, seq_len=seq, optimizer=optimizer, device="cpu").speed_profile(cfg)
+    profile, anchor = speed_profile(Workload(resolved, seq_len=seq, optimizer=optimizer, device="cpu"), cfg)
     blocks = resolved.spec.layers if CHECKPOINTING[ckpt].enabled else 0
-    micro = tp.micro_step(profile, mb / anchor, precision, gpu, eff, blocks)
+    micro = micro_step(profile, mb / anchor, precision, gpu, eff, blocks)
     # torch steps CPU tensors in a Python loop (`_default_to_fused_or_foreach` picks foreach for CUDA tensors only);
     # vocab.OPTIMIZER_STEP describes SGD's CUDA program only
-    opt = tp.optimizer_step(resolved.spec, cfg, optimizer, gpu, eff, 1, FOR_LOOP_STEP)
+    opt = optimizer_step(resolved.spec, cfg, optimizer, gpu, eff, 1, FOR_LOOP_STEP)
     return n * (micro.gpu_s + micro.cpu_s) + opt.gpu_s + opt.cpu_s
 
 
 def measure_step(config, mb, seq, precision, optimizer, ckpt, n, repeats: int = 5) -> float:
     """The case's real step time on this CPU: the best of `repeats`, as its rates are the best of their runs (a
     shared host only ever adds time)."""
-    from planner.memory.step import enable_checkpointing, make_batch, make_optimizer, micro_step
+    from planner.program.step import enable_checkpointing, make_batch, make_optimizer, micro_step
     from planner.vocab import PRECISION
 
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ A 16-bit GEMM whose dimensions are not all multiples of 8 elements runs cuBLAS's
 `..._align2`). benchmarks/gpu_profile_step.py profiled both on a lent H100 (benchmarks/results/
 gpu_profile_step-H100-80GB-*.json keep each kernel's device time per optimizer step). For each profiled 16-bit
 configuration this sums the device time of the LM head's three GEMMs (the kernels named `_align1` / `_align2`) and
-solves for the fraction of peak that makes the planner's GEMM time (planner/throughput.py `gemm_seconds`: FLOPs /
+solves for the fraction of peak that makes the planner's GEMM time (planner/speed/kernels.py `gemm_seconds`: FLOPs /
 (peak x fraction x shape efficiency)) equal it: fraction = sum(FLOPs / shape efficiency) / (time x peak). The
 efficiency.json entries are the mean per alignment.
 
@@ -28,7 +28,7 @@ KERNEL = re.compile(r"_align([124])\b")
 
 def head_fraction(row: dict, eff, peak: float) -> tuple[int, float] | None:
     """(alignment, fraction of peak) of one profiled configuration's LM-head kernels, None without them."""
-    from planner.throughput import gemm_efficiency
+    from planner.speed.kernels import gemm_efficiency
 
     profile = row.get("profile") or {}
     if row["model"] not in HEADS or row["precision"] == "fp32" or not profile:

@@ -7,7 +7,7 @@ the script itself). Measures, each beside the planner's own figure for the detec
   less torch.cuda.memory_reserved), and what cuBLAS, SDPA kernels, cross-entropy and fused AdamW add when they
   first run (lazy module loading grows the context; cuBLAS's workspace goes through the allocator);
 - GEMM time over transformer shapes in bf16, fp16, fp32 and TF32 (CUDA events, median of repeats; GEMMs under
-  64 GFLOP timed as 10 in a CUDA graph, so the host's launch cost stays out) vs. planner.throughput.gemm_seconds;
+  64 GFLOP timed as 10 in a CUDA graph, so the host's launch cost stays out) vs. planner.speed.kernels.gemm_seconds;
 - the backward thread's own cuBLAS workspace, and the bytes training dropout keeps per element (a bool mask);
 - HBM bandwidth of a large copy and a large add vs. the catalog bandwidth x efficiency.json's fraction;
 - fused attention (SDPA, flash and memory-efficient) forward + backward vs. efficiency.json's attention fraction;
@@ -86,10 +86,10 @@ def measure_step_rules(torch, gpu) -> dict:
     """Two rules the planner traces a CUDA step by, beside its figures: the backward's matmuls get a cuBLAS workspace
     of their own (they run on the autograd engine's device thread, with that thread's handle;
     planner/memory/estimate.py `BLAS_THREADS`), and training dropout keeps a bool mask, one byte an element, in
-    fp32 as in bf16 (the fused `native_dropout`; planner/memory/dropout.py)."""
+    fp32 as in bf16 (the fused `native_dropout`; planner/program/dropout.py)."""
     from torch.nn import functional as F
 
-    from planner.memory.estimate import BLAS_THREADS, cublas_workspace_bytes
+    from planner.memory.gpu import BLAS_THREADS, cublas_workspace_bytes
 
     x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -150,7 +150,7 @@ def gemm_shapes(small: bool):
 
 
 def measure_gemms(torch, gpu, eff, device: str, small: bool) -> list[dict]:
-    from planner.throughput import gemm_seconds
+    from planner.speed.kernels import gemm_seconds
 
     rows = []
     for dtype_name, torch_dtype, tf32 in (("bf16", torch.bfloat16, False), ("fp16", torch.float16, False),

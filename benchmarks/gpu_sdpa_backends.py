@@ -6,7 +6,7 @@ transformers does without a mask; a padding mask, as BERT's step passes) it asks
 (`torch._fused_sdp_choice`, the dispatcher's own choice: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
 `select_sdp_backend`), then times forward + backward at a tiny shape (host-bound: the host's cost per call) and at
 a training shape (device-bound), CUDA-synchronised, median of 20 after 5 warm-ups. This is the evidence behind
-planner/memory/kernels.py's kernel rules and the per-call host cost the speed model charges.
+planner/program/kernels.py's kernel rules and the per-call host cost the speed model charges.
 Results go to benchmarks/results/gpu_sdpa_backends-<GPU>-<date>.json.
 
 Run:  python benchmarks/gpu_sdpa_backends.py [--out DIR]

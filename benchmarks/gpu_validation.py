@@ -9,7 +9,7 @@ micro-step, optimizer step and tokens/s with the measured ones. It replays bench
 workloads, and the whole runs the planner writes for two configurations (planner/memory/whole_run.py), through the
 real CUDA caching allocator against planner/memory/allocator.py. The compile section runs
 three of those configurations eager and under torch.compile (the emitted `torch_compile`), for the compiled step,
-its speed-up and its compile time against planner/memory/compiled.py's model. Then it plans
+its speed-up and its compile time against planner/program/compiled.py's model. Then it plans
 bloom-560m at batch 256 with probes (cold probe cache; total probe time) and sweeps every single-GPU torch
 candidate by probing, to report the chosen plan's throughput as a fraction of the best measured one.
 Results go to benchmarks/results/gpu_validation-<GPU>-<date>-<sections>.json with versions, rewritten after

@@ -3,7 +3,7 @@
 The floor is a fresh interpreter importing what a plan cannot do without (torch, transformers, accelerate and the
 model's code) and exiting; the plan is the `plan` command on a fresh, empty trace cache (TRAINPLAN_CACHE), its
 output discarded. The two alternate, `--runs` times each, and the medians are compared. `--workers 1` plans with
-the traces run one by one (planner/memory/forked.py).
+the traces run one by one (planner/program/forked.py).
 
     python benchmarks/plan_speed.py                       # Llama-3.1-70B, batch 512, 8 x 8 H100
     python benchmarks/plan_speed.py --runs 3 --workers 1
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.memory.forked import usable_cores
+from planner.program.forked import usable_cores
 
 FLOOR = ("import torch, transformers, accelerate; from transformers import LlamaForCausalLM; "
          "import transformers.models.llama.modeling_llama")

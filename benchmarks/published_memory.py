@@ -34,6 +34,7 @@ from pathlib import Path
 
 from planner import estimate_memory
 from planner.memory.estimate import Evaluation
+from planner.program.workload import Workload
 from releases import traced_with_releases
 
 HERE = Path(__file__).resolve().parent
@@ -103,8 +104,14 @@ def predict(row: dict):
 class Fp16Weights(Evaluation):
     """bf16-true's bytes with fp16 weights, built as `from_pretrained(torch_dtype=torch.float16)` builds them."""
 
-    def trace_request(self, cfg):
-        return dataclasses.replace(super().trace_request(cfg), half_dtype="float16")
+    def __init__(self, resolved, **kwargs):
+        super().__init__(resolved, **kwargs)
+        self.workload.__class__ = Fp16Workload
+
+
+class Fp16Workload(Workload):
+    def request(self, cfg):
+        return dataclasses.replace(super().request(cfg), half_dtype="float16")
 
 
 def measured_release(row: dict) -> str | None:

@@ -1,4 +1,4 @@
-"""How well the shipped speed model (planner/throughput.py on the traced op profile) reproduces published training
+"""How well the shipped speed model (planner/speed/ on the traced op profile) reproduces published training
 throughput it was never fitted to.
 
 Two sets of published rows, both in benchmarks/data with each row's source:
@@ -14,8 +14,8 @@ No constant of the speed model is fitted to any of these rows: the efficiencies 
 or steps we measured ourselves on a lent H100 (planner/hardware/efficiency.json, each sourced; the host cost of a
 checkpointed block is a CPU measurement of torch.utils.checkpoint's bookkeeping) and the GEMM shape constants come
 from a GEMM table
-(planner/throughput.py). One constant comes from rows here: torch.compile's device residual
-(planner/memory/compiled.py `COMPILED_DEVICE_RESIDUAL`), from the ml-engineering Llama-3.1-8B eager/compiled pair.
+(planner/speed/). One constant comes from rows here: torch.compile's device residual
+(planner/program/compiled.py `COMPILED_DEVICE_RESIDUAL`), from the ml-engineering Llama-3.1-8B eager/compiled pair.
 Leave-one-source-out cross-validation refits it: the ml-engineering fold has no other compiled HF step to derive it
 from, so its compiled rows are predicted without it (1.0); every other fold's prediction is the full-data one. All
 errors below are therefore out-of-sample. The script says so in its output.
@@ -51,14 +51,14 @@ import math
 import re
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.config import Config
 from planner.hardware import lookup_gpu
-from planner.memory.estimate import Evaluation
+from planner.program.workload import Workload
 from planner.models import resolve_model
-from planner.search import SpeedModel
+from planner.speed.model import SpeedModel
 from planner.vocab import DEFAULT_OPTIMIZER, FOR_LOOP_STEP, FOREACH_STEP, FUSED_STEP
 
 REPO = Path(__file__).resolve().parents[1]
@@ -365,16 +365,16 @@ RESIDUAL_SOURCE = "ml-engineering"
 
 def predict(case: Case, speed_models: dict) -> float:
     """The case's published metric as the model predicts it, in its leave-one-source-out fold."""
-    from planner import throughput
+    from planner.speed import step
 
     if not (case.cfg.compiled and case.group == RESIDUAL_SOURCE):
         return _predict(case, speed_models)
-    residual = throughput.COMPILED_DEVICE_RESIDUAL
-    throughput.COMPILED_DEVICE_RESIDUAL = 1.0
+    residual = step.COMPILED_DEVICE_RESIDUAL
+    step.COMPILED_DEVICE_RESIDUAL = 1.0
     try:
         return _predict(case, speed_models)
     finally:
-        throughput.COMPILED_DEVICE_RESIDUAL = residual
+        step.COMPILED_DEVICE_RESIDUAL = residual
 
 
 def speed_model_of(case: Case, speed_models: dict) -> SpeedModel:
@@ -383,12 +383,12 @@ def speed_model_of(case: Case, speed_models: dict) -> SpeedModel:
            case.attention_fraction, case.optimizer, case.adam_step)
     if key not in speed_models:
         gpu = lookup_gpu(case.gpu).model_copy(update={"nic_Gbps": case.nic_Gbps})
-        evaluation = Evaluation(case.model, seq_len=case.seq_len, optimizer=case.optimizer, attention=case.attention,
-                                gpus_per_node=case.per_node, gpu=gpu, objective=case.objective)
-        speed_models[key] = SpeedModel(evaluation, gpu, case.per_node, adam_step=case.adam_step)
+        workload = Workload(case.model, seq_len=case.seq_len, optimizer=case.optimizer, attention=case.attention,
+                            gpu=gpu, objective=case.objective)
+        speed_models[key] = SpeedModel(workload, gpu, case.per_node, adam_step=case.adam_step)
         if case.attention_fraction is not None:  # the row's own attention kernel, traced as SDPA's (same saves)
             model = speed_models[key]
-            model.eff = model.eff.model_copy(update={"attention": case.attention_fraction})
+            model.setup = replace(model.setup, eff=model.eff.model_copy(update={"attention": case.attention_fraction}))
     return speed_models[key]
 
 
@@ -498,15 +498,16 @@ def report(title: str, cases: list[Case], skipped: dict[str, int], worst: int) -
 def kernel_times(cases: list[Case], speed_models: dict) -> tuple[list[str], list[dict]]:
     """Where a source profiled its GPU kernels, the model's device time per optimizer step beside them: its GEMMs
     against the tensor-core kernels, the rest (other kernels, the optimizer's, copies) against the rest."""
-    import planner.throughput as tp
+    from planner.speed.kernels import device_time
+    from planner.speed.optimizer import optimizer_step
 
     lines, rows = [], []
     for case in (c for c in cases if c.kernel_profile):
         model = speed_model_of(case, speed_models)
         profile, anchor = model.profile(case.cfg)
         cfg = case.cfg
-        device = tp.device_time(profile, cfg.micro_batch / anchor, cfg.precision, model.gpu, model.eff)
-        optimizer = tp.optimizer_step(model.evaluation.resolved.spec, cfg, case.optimizer, model.gpu, model.eff,
+        device = device_time(profile, cfg.micro_batch / anchor, cfg.precision, model.gpu, model.eff)
+        optimizer = optimizer_step(model.workload.spec, cfg, case.optimizer, model.gpu, model.eff,
                                       case.per_node, case.adam_step).gpu_s
         kp, steps = case.kernel_profile, case.kernel_profile["steps"]
         measured_gemm = kp["tensor_core_ns"] / steps * 1e-9

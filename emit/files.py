@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from planner.errors import InputError
+from planner.export import emit_problem
 from planner.vocab import DEEPSPEED
 
 DS_CONFIG = "ds_config.json"
@@ -112,7 +113,6 @@ def _yaml(data) -> str:
 def render_files(plan, opts: EmitOptions, folder: str = ".") -> dict[str, str]:
     """File name -> contents, with the configs referring to each other inside `folder`. Pure."""
     opts.check(plan.hardware.nodes)
-    from planner.export import emit_problem
 
     problem = emit_problem(plan)
     if problem:

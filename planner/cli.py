@@ -15,7 +15,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from emit import EmitOptions, check_destination, emit, launch_command, run_launch
+from emit.files import ACCELERATE_CONFIG
 from planner.errors import InputError, NoFitError, TrainplanError
+from planner.hardware import catalog, detect_gpus, lookup_gpu
+from planner.models.presets import presets
+from planner.render import comparison_table, render_no_fit, render_plan
+from planner.request import build_request
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, COMPILE, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE,
     LR_SCALING, MEMORY_METHOD, NO_ADAPTER, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES,
@@ -203,7 +209,6 @@ def _run(flags: Flags, script_args: list[str]) -> None:
     options = _emit_options(flags, request.nodes)
     emit_dir = flags.emit_dir
     if emit_dir is not None:
-        from emit import check_destination
 
         check_destination(emit_dir, flags.force)
     result = _run_plan(request, _prober(flags.probe, flags.probe_budget, flags.gpu), flags.probe_budget)
@@ -212,7 +217,6 @@ def _run(flags: Flags, script_args: list[str]) -> None:
 
         emit_dir = Path(tempfile.mkdtemp(prefix="trainplan-"))
     if emit_dir is not None:
-        from emit import emit
 
         result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
     command = _launch_command(emit_dir, script_args) if flags.launch else None
@@ -222,6 +226,7 @@ def _run(flags: Flags, script_args: list[str]) -> None:
 
 
 def _compare(flags: Flags, script_args: list[str]) -> None:
+    # lazy: planning imports torch and transformers (seconds); --help and input errors must not wait for them
     from planner.compare import compare_gpus, parse_prices
 
     if flags.compare_gpus is None:
@@ -242,7 +247,6 @@ def _compare(flags: Flags, script_args: list[str]) -> None:
         return
     from rich.console import Console
 
-    from planner.render import comparison_table
 
     Console(highlight=False).print(comparison_table(rows, flags.train_tokens, bool(prices)))
 
@@ -272,8 +276,6 @@ def _check_launch(flags: Flags, script_args: list[str]) -> None:
 
 
 def _request(flags: Flags):
-    from planner.request import build_request
-
     return build_request(
         model=flags.model, global_batch=flags.batch, seq_len=flags.seq_len, gpu=flags.gpu,
         gpus_per_node=flags.gpus_per_node, nodes=flags.nodes, optimizer=flags.optimizer, precision=flags.precision,
@@ -294,8 +296,6 @@ def _offload(flags: Flags) -> bool | str:
 
 
 def _emit_options(flags: Flags, nodes: int):
-    from emit import EmitOptions
-
     hosts = tuple(h.strip() for h in flags.hostnames.split(",") if h.strip()) if flags.hostnames else ()
     options = EmitOptions(main_process_ip=flags.main_process_ip, main_process_port=flags.main_process_port,
                           machine_rank=flags.machine_rank, hostnames=hosts, force=flags.force)
@@ -304,16 +304,12 @@ def _emit_options(flags: Flags, nodes: int):
 
 
 def _launch_command(folder: Path, script_args: list[str]) -> list[str]:
-    from emit import launch_command
-    from emit.files import ACCELERATE_CONFIG
-
     return launch_command(folder.resolve() / ACCELERATE_CONFIG, list(script_args))
 
 
 def _launch(command: list[str], dry_run: bool) -> None:
     import shlex
 
-    from emit import run_launch
 
     if dry_run:
         sys.stdout.write(shlex.join(command) + "\n")
@@ -328,6 +324,7 @@ def _prober(probe: bool | None, budget: float, gpu: str | None):
         return None
     if not budget > 0:
         raise InputError("must be a positive number of seconds", flag="--probe-budget")
+    # lazy: the probes import torch
     from probes import Prober, cuda_available
 
     if not cuda_available():
@@ -335,7 +332,6 @@ def _prober(probe: bool | None, budget: float, gpu: str | None):
             raise InputError("there is no CUDA GPU here to probe on", flag="--probe", hint="Use --no-probe.")
         return None
     if gpu:
-        from planner.hardware import detect_gpus, lookup_gpu
 
         local = detect_gpus()
         if local is None or local.gpu.name != lookup_gpu(gpu).name:
@@ -347,6 +343,7 @@ def _prober(probe: bool | None, budget: float, gpu: str | None):
 
 
 def _run_plan(request, measure=None, probe_budget: float = 60.0):
+    # lazy: planning imports torch and transformers (seconds); --help and input errors must not wait for them
     from planner.planning import plan
 
     kwargs = request.plan_kwargs()
@@ -371,7 +368,6 @@ def _print_plan(result, as_json: bool) -> None:
         return
     from rich.console import Console
 
-    from planner.render import render_plan
 
     render_plan(result, Console(highlight=False))
 
@@ -390,7 +386,6 @@ def _report_no_fit(err: NoFitError, as_json: bool) -> None:
         data.update(error=err.message, suggestions=err.suggestions, exit_code=err.exit_code)
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
-    from planner.render import render_no_fit
 
     render_no_fit(err, _stderr())
 
@@ -400,12 +395,10 @@ def _listing(models: bool, as_json: bool) -> None:
     from rich.table import Table
 
     if models:
-        from planner.models.presets import presets
 
         rows = [{"id": p.id, "aliases": list(p.aliases), "parameters": p.published_parameters} for p in presets()]
         headers = ("id", "aliases", "published parameters")
     else:
-        from planner.hardware import catalog
 
         rows = [{"name": g.name, "memory_GiB": round(g.memory_gib, 1), "bf16": g.bf16,
                  "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp16": g.peak_tflops_fp16} for g in catalog()]

@@ -7,6 +7,8 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict
 
 from planner.errors import InputError, NoFitError
+from planner.hardware import lookup_gpu
+from planner.planning import plan
 from planner.types import Plan
 
 
@@ -33,7 +35,6 @@ class GpuComparison(BaseModel):
 
 def parse_prices(items: list[str]) -> dict[str, float]:
     """`GPU=USD_PER_HOUR` pairs (per GPU); GPU names as the catalog spells them or any alias."""
-    from planner.hardware import lookup_gpu
 
     prices = {}
     for item in items:
@@ -54,8 +55,6 @@ def compare_gpus(model, global_batch: int, gpus: list[str], *, train_tokens: flo
                  **plan_kwargs) -> list[GpuComparison]:
     """Plan the same job on each GPU (gpus_per_node and nodes as given, per GPU kind). A GPU on which nothing fits
     is a row with its reason; a bad GPU name or bad input fails the whole comparison (InputError)."""
-    from planner.hardware import lookup_gpu
-    from planner.planning import plan
 
     if train_tokens is not None and not train_tokens > 0:
         raise InputError(f"must be a positive number of tokens, got {train_tokens}", flag="--train-tokens")

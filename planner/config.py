@@ -168,7 +168,7 @@ class Config(BaseModel):
 
     def compile_saves_activations(self) -> bool:
         """Whether compiling changes what the step saves: Inductor's partitioner recomputes cheap values instead of
-        saving them, but a checkpointed block saves only its input either way (planner/memory/compiled.py)."""
+        saving them, but a checkpointed block saves only its input either way (planner/program/compiled.py)."""
         return self.compiled and not CHECKPOINTING[self.checkpointing].enabled
 
     def precision_family(self) -> str:

@@ -9,7 +9,8 @@ so launchers can use them without files.
 from __future__ import annotations
 
 from planner.config import Config
-from planner.memory.estimate import DeepSpeedBuckets
+from planner.memory.gpu import DeepSpeedBuckets
+from planner.models.adapters import Adapter
 from planner.vocab import (
     CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, INDUCTOR, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
 )
@@ -189,7 +190,6 @@ def peft_config(plan) -> dict | None:
     `LoraConfig(**...)`; `bnb_config`, transformers' `BitsAndBytesConfig(**...)` for loading a QLoRA base (its compute
     dtype the plan's 16-bit one); `mixed_precision_cast`, whether frozen weights go to that 16-bit dtype and
     trainable ones to fp32 (what `LoadedPlan.prepare` does)."""
-    from planner.models.adapters import Adapter
 
     adapter = Adapter.from_json(plan.model.adapter)
     if adapter is None:

@@ -11,15 +11,20 @@ from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.hardware.efficiency_data import efficiency_of
 from planner.lr import scale_lr
+from planner.memory.analytic import tensor_parallel_share
 from planner.memory.estimate import Evaluation
+from planner.models import resolve_model
+from planner.models.build import model_class
+from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 from planner.request import LIMITS
-from planner.search import MemoryEvaluator, SearchSpace, SpeedModel, nearest_valid_batches, search
+from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, search
+from planner.speed.model import SpeedModel
 from planner.suggest import suggestions
 from planner.types import Candidate, Hardware, LearningRate, ModelInfo, Plan
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_OPTIMIZER,
-    DEFAULT_PRECISION, DEFAULT_SHARDING_ENGINE, ENGINE, FULL, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD,
-    OFFLOAD, OPTIMIZER, FP32, PRECISION, SDPA, SHARDING_ENGINES, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
+    DEFAULT_PRECISION, DEFAULT_SHARDING_ENGINE, ENGINE, FP32, FULL, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_OFFLOAD,
+    OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the
@@ -46,7 +51,6 @@ def plan(
     `task`/`num_labels` plan another head; `adapter` (planner.Adapter) LoRA or QLoRA over the frozen model;
     `train_tokens` or `train_steps`, the run's length, sizes the LR warmup and spreads torch.compile's compile time;
     `compile` (`vocab.COMPILE`) plans the step eager, compiled, or both; `nic_gbps`: your inter-node Gb/s per GPU."""
-    from planner.models import resolve_model
 
     _check_numbers(global_batch, nodes, gpus_per_node, seq_len, micro_batch, headroom, lr_batch, host_memory, nic_gbps)
     _check_choices(optimizer, precision, checkpointing, attention, lr_scaling, memory_method, engine, compile)
@@ -86,7 +90,6 @@ def _measured(draft: Plan, measure, resolved, evaluator, progress, probe_budget_
     """The plan refined by measurements of its top candidates (QLoRA plans are not probed: `QLORA_NOT_PROBED`)."""
     if ADAPTER[resolved.spec.adapter].quantized_base:
         return draft.model_copy(update={"notes": draft.notes + (QLORA_NOT_PROBED,)})
-    from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 
     budget_s = DEFAULT_PROBE_BUDGET_S if probe_budget_s is None else probe_budget_s
     return refine_with_measurements(draft, measure, resolved, progress=progress, budget_s=budget_s,
@@ -135,7 +138,6 @@ def _accepts_loss_kwargs(resolved) -> bool:
     """The Trainer's own test (transformers/trainer.py, "Model introspection")."""
     import inspect
 
-    from planner.models.build import model_class
 
     cls = model_class(resolved.config, resolved.trust_remote_code)
     cls = getattr(cls, "auto", cls)
@@ -403,7 +405,7 @@ def _tf32_note(precision: str, gpu, evaluation, gpus_per_node: int, choice: Cand
     """With fp32 asked for on a GPU with TF32 tensor cores: what TF32 would gain on the chosen configuration."""
     if precision != FP32 or gpu.cannot_run(TF32) or not choice.fits or choice.throughput is None:
         return ()
-    faster = SpeedModel(evaluation, gpu, gpus_per_node)(choice.config.model_copy(update={"precision": TF32}))
+    faster = SpeedModel(evaluation.workload, gpu, gpus_per_node)(choice.config.model_copy(update={"precision": TF32}))
     gain = choice.throughput.step_time_s / faster.step_time_s
     return (f"{gpu.name} has TF32 tensor cores: --precision tf32 keeps fp32 weights, gradients and memory and runs "
             f"the matmuls on them (10-bit mantissa inputs, fp32 accumulation): step {faster.step_time_s:.2f} s "
@@ -425,11 +427,11 @@ def _compile_notes(compile: str, evaluation, gpu, gpus_per_node: int, choice: Ca
         return ("torch.compile not weighed: --compile auto weighs its compile time against what it saves per step "
                 "once the run's length is given (--train-steps or --train-tokens); --compile on plans it.",)
     cfg, spec = choice.config, evaluation.resolved.spec
-    effect = evaluation.compile_effect(cfg)
+    effect = evaluation.workload.compile_effect(cfg)
     if effect is None:
         return ("torch.compile: the model's graph could not be captured here, so a compiled step is modelled as the "
                 "eager one.",) if cfg.compiled else ()
-    speed = SpeedModel(evaluation, gpu, gpus_per_node)  # per step, compile time apart
+    speed = SpeedModel(evaluation.workload, gpu, gpus_per_node)  # per step, compile time apart
     eager, compiled = (speed(cfg.model_copy(update={"compiled": on})).step_time_s for on in (False, True))
     seconds = effect.compile_seconds(spec.layers)
     text = (f"torch.compile (Inductor): step {compiled:.3g} s compiled vs {eager:.3g} s eager "
@@ -438,7 +440,7 @@ def _compile_notes(compile: str, evaluation, gpu, gpus_per_node: int, choice: Ca
         text += f", repaid after {seconds / (eager - compiled):,.0f} steps"
     if cfg.compiled:
         saved = effect.saved_less(spec.layers, cfg.micro_batch) if cfg.compile_saves_activations() else 0
-        saved *= evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0
+        saved *= tensor_parallel_share(evaluation.workload, cfg) if cfg.tensor_parallel > 1 else 1.0
         text = (f"Compiled. {text}." + (f" Inductor's partitioner keeps {saved / 2**30:.2f} GiB less for the "
                                          "backward (it recomputes elementwise values); the memory planned is eager's: "
                                          "on the CPU the step's peak fell by 0.6-1.5x that (benchmarks/compile_cpu.py)."

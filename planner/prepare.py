@@ -8,7 +8,7 @@
 `prepare` checks the model has the head the plan was made for, and applies the attention implementation the plan was
 made for, the parameter dtype (bf16-true trains 16-bit weights with no autocast), LoRA / QLoRA adapters through peft
 (`bnb_config()` gives the BitsAndBytesConfig to load a QLoRA base with) and the checkpointing policy (selective is
-the per-op policy the memory model traced, planner.memory.step; the Trainer's `gradient_checkpointing` flag can only
+the per-op policy the memory model traced, planner.program.step; the Trainer's `gradient_checkpointing` flag can only
 say "full"). Under FSDP, full checkpointing is FSDP's own (the accelerate config says so), so `prepare` leaves it to
 FSDP.
 """
@@ -20,7 +20,12 @@ from pathlib import Path
 
 from planner.config import Config
 from planner.errors import InputError
-from planner.vocab import ATTENTION, CHECKPOINTING, DEEPSPEED, FSDP, PRECISION, TP_PLAN_AUTO
+from planner.models.adapters import Adapter, apply_adapter, with_task
+from planner.models.build import effective_attention, moe_block_classes
+from planner.program.step import enable_checkpointing
+from planner.vocab import (
+    ATTENTION, CHECKPOINTING, CLASS_LABELS, DEEPSPEED, FSDP, OPTIMIZER, PRECISION, TASK, TOKEN_LABELS, TP_PLAN_AUTO,
+)
 
 TRAINING_ARGS = "training_args.json"
 
@@ -52,15 +57,12 @@ class LoadedPlan:
     @property
     def adapter(self):
         """The LoRA / QLoRA adapter planned (planner.models.adapters.Adapter), or None."""
-        from planner.models.adapters import Adapter
 
         return Adapter.from_json(self.data["model"].get("adapter"))
 
     def model_config(self, config):
         """`config` as the plan's model: its head class and labels where the plan asked for another head
         (`plan --task`), as `plan` built it."""
-        from planner.models.adapters import with_task
-        from planner.vocab import CLASS_LABELS, TASK, TOKEN_LABELS
 
         model = self.data["model"]
         own = (getattr(config, "architectures", None) or [None])[0]
@@ -71,7 +73,6 @@ class LoadedPlan:
     def create_optimizer(self, model):
         """The plan's optimizer where the Trainer has no name for it (LAMB: bitsandbytes' `LAMB`), for
         `Trainer(..., optimizers=(plan.create_optimizer(model), None))`; None where training_args.json names it."""
-        from planner.vocab import OPTIMIZER
 
         info = OPTIMIZER[self.optimizer]
         if info.client is None:
@@ -119,8 +120,6 @@ class LoadedPlan:
     def prepare(self, model):
         """Apply to `model` what the plan assumed and the Trainer's arguments cannot express; returns the model
         (a peft PeftModel for LoRA / QLoRA plans)."""
-        from planner.memory.step import enable_checkpointing
-        from planner.models.build import effective_attention
 
         cfg = self.choice
         self._check_head(model)
@@ -163,7 +162,6 @@ class LoadedPlan:
             return model
         import torch
 
-        from planner.models.adapters import apply_adapter
 
         half = self.choice.half_dtype()
         return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
@@ -185,7 +183,6 @@ def _moe_leaves(model) -> None:
     """ZeRO-3 prefetches parameters in the order modules ran last step, and a mixture of experts runs its experts in
     a data-dependent order: DeepSpeed's answer is to mark each MoE block a leaf, so entering it gathers all its
     experts at once (deepspeed/utils/z3_leaf_module.py `set_z3_leaf_modules`)."""
-    from planner.models.build import moe_block_classes
 
     blocks = moe_block_classes(model)
     if blocks:

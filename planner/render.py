@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from planner.models.adapters import Adapter
 from planner.vocab import ESTIMATE
 
 GiB = 2**30
@@ -58,7 +59,6 @@ def _trained(m) -> list[str]:
     share = f"{m.trainable_parameters / 1e6:.3g}M trainable ({m.trainable_parameters / m.parameters:.2%})"
     if m.adapter is None:
         return [f"{head}; {share}, the rest frozen"]
-    from planner.models.adapters import Adapter
 
     return [f"{head}; {Adapter.from_json(m.adapter).label()}: {share}"]
 

@@ -8,10 +8,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from planner.errors import InputError
+from planner.models.adapters import Adapter
 from planner.vocab import (
     ADAPTER, AUTO, AUTO_METHOD, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, NO_ADAPTER, PRECISION, SDPA, AdapterMethod,
-    Attention, Checkpointing, CompileMode, TaskChoice,
-    LRScaling, Offload, MemoryMethod, Optimizer, ShardingEngine,
+    Attention, Checkpointing, CompileMode, LRScaling, MemoryMethod, Offload, Optimizer, ShardingEngine, TaskChoice,
 )
 
 
@@ -88,7 +88,6 @@ class PlanRequest(BaseModel):
     def adapter(self):
         """The LoRA / QLoRA adapter asked for (planner.models.adapters.Adapter), or None; LoRA flags without
         --peft are an InputError."""
-        from planner.models.adapters import Adapter
 
         lora = {"--lora-rank": self.lora_rank, "--lora-alpha": self.lora_alpha, "--lora-targets": self.lora_targets,
                 "--lora-dropout": self.lora_dropout, "--no-double-quant": None if self.double_quant else False}

@@ -13,16 +13,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner import throughput as tp
 from planner.config import Config
 from planner.errors import InputError
 from planner.hardware import GPU
 from planner.memory import states
 from planner.memory.estimate import Evaluation, MemoryEstimate
-from planner.types import Candidate, ThroughputInfo
+from planner.speed.model import SpeedModel
+from planner.types import Candidate
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, FUSED_STEP, NO_ADAPTER, NO_OFFLOAD,
-    OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE, AdamStep,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, NO_ADAPTER, NO_OFFLOAD,
+    OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE,
 )
 
 
@@ -124,48 +124,6 @@ def why_empty(space: SearchSpace) -> str:
                 if problem:
                     return problem
     return "the pinned options leave no configuration to plan"
-
-
-class SpeedModel:
-    """Modelled speed of candidates: the op profile of the model's traced micro-step (one per checkpointing mode,
-    traced once), timed on the GPU with its measured efficiencies (planner/throughput.py). Probes rescale it
-    afterwards (planner/refine.py, `speed_calibrations_from`)."""
-
-    def __init__(self, evaluation: Evaluation, gpu: GPU, gpus_per_node: int, train_steps: int | None = None,
-                 adam_step: AdamStep = FUSED_STEP):
-        from planner.hardware.efficiency_data import efficiency_of
-
-        self.evaluation, self.gpu, self.gpus_per_node = evaluation, gpu, gpus_per_node
-        self.train_steps = train_steps
-        #: how an Adam-family step runs (`vocab.ADAM_STEP`): the emitted files' fused kernel unless the caller's
-        #: program runs another (benchmarks/throughput_accuracy.py maps each published row's optimizer)
-        self.adam_step = adam_step
-        self.eff = efficiency_of(gpu)
-        self._profiles: dict[str, tuple] = {}
-
-    def profile(self, cfg: Config) -> tuple:
-        """The traced op profile of `cfg`'s program (one per checkpointing mode and traced program) and the
-        micro-batch it was traced at."""
-        key = (cfg.checkpointing, cfg.activation_family())
-        if key not in self._profiles:
-            found = self.evaluation.speed_profile(cfg)
-            if found is None:
-                from planner.memory.profile import analytic_profile
-
-                found = analytic_profile(self.evaluation.resolved.spec, self.evaluation.seq_len, cfg.checkpointing)
-            self._profiles[key] = found
-        return self._profiles[key]
-
-    def __call__(self, cfg: Config) -> ThroughputInfo:
-        profile, anchor = self.profile(cfg)
-        t = tp.step_time(self.evaluation.resolved.spec, self.gpu, cfg, seq_len=self.evaluation.seq_len,
-                         gpus_per_node=self.gpus_per_node, profile=profile, traced_micro_batch=anchor,
-                         optimizer=self.evaluation.optimizer, eff=self.eff,
-                         tp_share=self.evaluation.tensor_parallel_share(cfg) if cfg.tensor_parallel > 1 else 1.0,
-                         compile_effect=self.evaluation.compile_effect(cfg) if cfg.compiled else None,
-                         train_steps=self.train_steps, adam_step=self.adam_step)
-        return ThroughputInfo(tokens_per_s=t.tokens_per_s, samples_per_s=t.samples_per_s, mfu=t.mfu,
-                              step_time_s=t.step_time_s, parts=t.parts)
 
 
 #: The analytic activations over-estimate the traced ones by at most 1.7x over ten model families
@@ -275,8 +233,8 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     if not configs:
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
                                                 "--precision, --engine, --optimizer).")
-    model_speed = SpeedModel(evaluator.evaluation, gpu, space.gpus_per_node, space.train_steps)
-    evaluator.evaluation.prefetch_speed_traces(configs)
+    model_speed = SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)
+    model_speed.prefetch(configs)
     speeds = {c: model_speed(c) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
     results: list[Candidate] = []

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from planner import hardware as hw
 from planner.config import Config
-from planner.memory.estimate import Evaluation
+from planner.errors import InputError
+from planner.memory.estimate import Evaluation, sequence_fit
+from planner.models import trained_as
+from planner.models.adapters import Adapter
 from planner.search import MemoryEvaluator
 from planner.vocab import ADAMW_8BIT, FULL, NO_OFFLOAD, OFFLOAD, OFFLOAD_ALL, PRECISION
 
@@ -79,9 +82,6 @@ def suggestions(plan, evaluator, gpu) -> list[str]:
 def _adapter_lever(evaluator, world: int, precision: str, budget: int) -> str:
     """Adapters instead of full fine-tuning: LoRA (a 16-bit frozen base), else QLoRA (a 4-bit one), with peft's
     defaults here (`planner.models.adapters`), at micro-batch 1 with full checkpointing on one GPU or DDP."""
-    from planner.errors import InputError
-    from planner.models import trained_as
-    from planner.models.adapters import Adapter
 
     base = evaluator.evaluation
     if base.resolved.adapter is not None or base.resolved.config is None:
@@ -120,7 +120,6 @@ def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision:
     """The longest multiple of 64 below the planned length whose activations fit next to the model states of
     `best` (the least-memory configuration with `offload`), from a quadratic fit of three traced lengths
     (analytic when the model cannot be traced)."""
-    from planner.memory.estimate import sequence_fit
 
     # states and fixed overheads do not depend on the sequence; the error margin and the allocator's slack grow
     # with the activations they are taken on

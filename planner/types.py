@@ -7,25 +7,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from planner.config import Config
+from planner.export import accelerate_config, deepspeed_config, loss_scaling, peft_config, training_args
 from planner.memory.estimate import MemoryEstimate
-from planner.throughput import StepParts
+from planner.render import render_plan
+from planner.speed.step import ThroughputInfo
 from planner.vocab import MeasurementStatus
 
 __all__ = ["Config", "Candidate", "ThroughputInfo", "Hardware", "LearningRate", "ModelInfo", "Measurement",
            "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "Plan"]
-
-
-class ThroughputInfo(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    tokens_per_s: float
-    samples_per_s: float
-    mfu: float
-    step_time_s: float
-    #: model: the speed model alone; calibrated: the model rescaled by this GPU's probes; probe: measured;
-    #: probe+model: measured on fewer ranks, the modelled communication added
-    source: Literal["model", "calibrated", "probe", "probe+model"] = "model"
-    parts: StepParts = StepParts()
 
 
 class Candidate(BaseModel):
@@ -195,7 +184,6 @@ class Plan(BaseModel):
 
         from rich.console import Console
 
-        from planner.render import render_plan
 
         out = io.StringIO()
         render_plan(self, Console(file=out, width=width, highlight=False, color_system=None, force_terminal=False))
@@ -228,23 +216,18 @@ class Plan(BaseModel):
 
     # Config dicts for other launchers (no files): see planner/export.py
     def to_deepspeed(self) -> dict:
-        from planner.export import deepspeed_config
         return deepspeed_config(self)
 
     def to_accelerate(self, **kwargs) -> dict:
-        from planner.export import accelerate_config
         return accelerate_config(self, **kwargs)
 
     def to_training_args(self, **kwargs) -> dict:
-        from planner.export import training_args
         return training_args(self, **kwargs)
 
     def loss_scaling(self) -> dict | None:
-        from planner.export import loss_scaling
         return loss_scaling(self)
 
     def to_peft(self) -> dict | None:
-        from planner.export import peft_config
         return peft_config(self)
 
 

@@ -223,7 +223,7 @@ class CompileInfo:
 
 
 #: `torch.compile` of the model (TorchInductor, default mode): the Trainer's `torch_compile`, accelerate's
-#: `dynamo_config`. What it changes is read from the model's graph (planner/memory/compiled.py).
+#: `dynamo_config`. What it changes is read from the model's graph (planner/program/compiled.py).
 COMPILE: dict[str, CompileInfo] = {
     "auto": CompileInfo("compiled where it is faster over the run, its first-step compile time included (needs the "
                         "run's length: --train-steps or --train-tokens); eager otherwise", (False, True)),
@@ -280,7 +280,7 @@ class KernelInfo:
     sdpa_backend: str | None   # torch.nn.attention.SDPBackend the trace forces (None: torch's own choice)
 
 
-#: The attention kernel a step really runs (planner/memory/kernels.py picks it), and how the CPU trace reproduces
+#: The attention kernel a step really runs (planner/program/kernels.py picks it), and how the CPU trace reproduces
 #: what it saves: flash and memory-efficient kernels keep the output and a log-sum-exp (dropout runs inside the
 #: kernel), which the CPU's flash kernel saves too; math and eager keep the scores.
 KERNEL: dict[str, KernelInfo] = {

@@ -11,7 +11,7 @@ import time
 
 from transformers import TrainerCallback
 
-from planner.memory.tracker import LiveStorageTracker
+from planner.program.tracker import LiveStorageTracker
 from planner.types import Measurement
 from planner.vocab import ERROR, OK, OOM
 

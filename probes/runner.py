@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emit import EmitOptions, render_files
 from planner.types import Measurement
 from planner.vocab import DEEPSPEED, ERROR, OK, OOM, SKIPPED, TIMEOUT
 from probes import cache
@@ -101,7 +102,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _compile_allowance(context, cfg) -> float:
     """Seconds a compiled candidate's probe needs beyond a probe's limit: the modelled first-step compile time
-    (planner/throughput.py `StepParts.compile_once`), which its warm-up step pays."""
+    (planner/speed/step.py `StepParts.compile_once`), which its warm-up step pays."""
     plan = getattr(context, "plan", None)
     if not cfg.compiled or plan is None:
         return 0.0
@@ -179,7 +180,6 @@ class Prober:
 
 def probe_files(plan, cfg) -> dict[str, str]:
     """The files `plan --emit` writes for `cfg` run on this node (its processes, one node)."""
-    from emit import EmitOptions, render_files
 
     hardware = plan.hardware.model_copy(update={"gpus_per_node": cfg.world_size, "nodes": 1})
     candidate = next((c for c in plan.candidates if c.config == cfg), plan.choice)

@@ -23,7 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from planner.models import resolve_model
+from planner.models.build import model_class
+from planner.prepare import load_plan
+from planner.program.step import make_batch
 from planner.types import Measurement
+from planner.vocab import FSDP
+from probes.measure import StepMeter, failure, memory_history, profile_summary
 from probes.protocol import result_line
 
 
@@ -52,7 +58,6 @@ def rank() -> int:
 def model_config(plan, trust_remote_code: bool):
     """The planned model's config (resolved offline, as `plan` did), read before the training arguments exist:
     with ZeRO-3 they make every model built afterwards go through deepspeed.zero.Init."""
-    from planner.models import resolve_model
 
     return plan.model_config(resolve_model(plan.model_name, trust_remote_code=trust_remote_code).config)
 
@@ -62,7 +67,6 @@ def build_model(plan, config, trust_remote_code: bool):
     DeepSpeed ZeRO-3, whose zero.Init partitions it as it is built)."""
     import torch
 
-    from planner.models.build import model_class
 
     cls = model_class(config, trust_remote_code)
     cfg = plan.choice
@@ -78,8 +82,6 @@ class SyntheticBatches:
     """`count` random samples of the model's task (token ids and the labels its head trains on)."""
 
     def __init__(self, model, count: int, seq_len: int):
-        from planner.memory.step import make_batch
-
         self.tensors = make_batch(model, count, seq_len, device="cpu")
 
     def __len__(self) -> int:
@@ -90,14 +92,11 @@ class SyntheticBatches:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from planner.prepare import load_plan
-
     args = parse_args(argv)
     plan = load_plan(args.plan)
     try:
         result = train(plan, args)
     except Exception as err:  # noqa: BLE001 - a failed run is a result line, as a probe reads it
-        from probes.measure import failure
 
         result = failure(err)
     sys.stdout.write(result_line(result))
@@ -126,7 +125,6 @@ def _fsdp_on_cpu(trainer, cfg) -> None:
     (transformers/trainer.py `create_accelerator_and_postprocess`)."""
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    from planner.vocab import FSDP
 
     state = trainer.accelerator.state
     if cfg.engine != FSDP or state.distributed_type == DistributedType.FSDP:
@@ -147,7 +145,6 @@ def profiled(path: str | None, steps: int, cuda: bool):
         return
     from torch.profiler import ProfilerActivity, profile
 
-    from probes.measure import profile_summary
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
@@ -156,8 +153,6 @@ def profiled(path: str | None, steps: int, cuda: bool):
 
 
 def train(plan, args) -> Measurement:
-    from probes.measure import memory_history
-
     with memory_history(args.memory_peak):  # from before the model exists: every block of the run is in the trace
         return _train(plan, args)
 
@@ -166,7 +161,6 @@ def _train(plan, args) -> Measurement:
     import torch
     from transformers import Trainer
 
-    from probes.measure import StepMeter
 
     cfg = plan.choice
     cuda = torch.cuda.is_available()

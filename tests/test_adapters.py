@@ -12,8 +12,8 @@ import transformers
 from emit import emit
 from planner import Adapter, estimate_memory, load_plan, plan
 from planner.errors import InputError
-from planner.memory.states import nf4_bytes
-from planner.memory.step import cpu_step_peak, enable_checkpointing, make_batch, make_optimizer
+from planner.models.adapters import nf4_bytes
+from planner.program.step import cpu_step_peak, enable_checkpointing, make_batch, make_optimizer
 from planner.models import resolve_model
 from planner.models.build import build_meta
 from planner.vocab import PRECISION

@@ -1,4 +1,4 @@
-"""CUDA's autocast op lists applied to CPU traces (planner/memory/autocast.py)."""
+"""CUDA's autocast op lists applied to CPU traces (planner/program/autocast.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from planner.memory import autocast
-from planner.memory.trace import TraceRequest, run_trace
+from planner.program import autocast
+from planner.program.trace import TraceRequest, run_trace
 
 HEADER = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
 
@@ -82,10 +82,10 @@ def test_a_cuda_trace_keeps_the_fp32_tensors_cuda_saves(checkpointing):
 
 def test_a_real_step_under_the_rules_matches_its_trace():
     """The rules act on real CPU tensors as on fake ones: the traced peak equals a real step's under them (CUDA's
-    autocast lists and its fused dropout, planner/memory/dropout.py)."""
-    from planner.memory.dropout import fused_dropout
-    from planner.memory.step import make_batch, micro_step
-    from planner.memory.tracker import LiveStorageTracker
+    autocast lists and its fused dropout, planner/program/dropout.py)."""
+    from planner.program.dropout import fused_dropout
+    from planner.program.step import make_batch, micro_step
+    from planner.program.tracker import LiveStorageTracker
 
     config, r = tiny_gpt2(), req("cuda")
     torch.manual_seed(0)

@@ -220,7 +220,7 @@ def test_the_plan_says_where_its_step_time_goes():
 
 def test_the_step_breakdown_names_what_binds_and_only_the_parts_there_are():
     from planner.render import step_breakdown
-    from planner.throughput import StepParts
+    from planner.speed.step import StepParts
     from planner.types import ThroughputInfo
 
     def line(**parts):

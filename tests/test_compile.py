@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from emit import emit
 from planner import plan
 from planner.errors import InputError
-from planner.memory.compiled import PERSISTENT_REDUCTION_MAX, CompileEffect, graph_cost
+from planner.program.compiled import PERSISTENT_REDUCTION_MAX, CompileEffect, graph_cost
 
 F32 = 4
 
@@ -72,7 +72,7 @@ def test_the_effect_is_read_from_the_models_joint_graph_and_cached(tmp_path, mon
     evaluation = Evaluation(_tiny_llama(), seq_len=64, optimizer="adamw")
     cfg = Config.of(micro_batch=4, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
                     zero_stage=0, offload="none", compiled=True)
-    effect = evaluation.compile_effect(cfg)
+    effect = evaluation.workload.compile_effect(cfg)
     assert 0 < effect.saved_compiled < effect.saved_eager  # Inductor's partitioner recomputes instead of saving
     for phase in (effect.forward, effect.backward):
         assert phase.fused_kernels < phase.eager_kernels and phase.fused_bytes < phase.eager_bytes
@@ -87,27 +87,27 @@ def test_the_effect_is_read_from_the_models_joint_graph_and_cached(tmp_path, mon
 
 
 def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run():
-    from planner import throughput as tp
     from planner.hardware import lookup_gpu
     from planner.hardware.efficiency_data import efficiency
-    from planner.memory.estimate import Evaluation
-    from planner.search import SpeedModel
+    from planner.program.workload import Workload
+    from planner.speed.kernels import micro_step
+    from planner.speed.model import SpeedModel, speed_profile
+    from planner.speed.step import compiled_profile
 
     resolved = _tiny_llama()
     gpu = lookup_gpu("H100-80GB")
-    evaluation = Evaluation(resolved, seq_len=64, optimizer="adamw", gpu=gpu)
+    workload = Workload(resolved, seq_len=64, optimizer="adamw", gpu=gpu)
     cfg = plan(resolved, 8, gpu="H100-80GB", seq_len=64, compile="off").choice.config
     compiled = cfg.model_copy(update={"compiled": True})
-    effect = evaluation.compile_effect(compiled)
-    profile, _ = evaluation.speed_profile(cfg)
-    fused = tp.compiled_profile(profile, effect)
+    effect = workload.compile_effect(compiled)
+    profile, _ = speed_profile(workload, cfg)
+    fused = compiled_profile(profile, effect)
     assert set(fused.dispatch) == {"python_kernels"}  # Inductor's wrapper launches every kernel
     assert sum(v[2] for v in fused.memory.values()) < sum(v[2] for v in profile.memory.values())
     eff = efficiency(gpu.name)
-    assert tp.micro_step(fused, 1, cfg.precision, gpu, eff).cpu_s < tp.micro_step(profile, 1, cfg.precision, gpu,
-                                                                                   eff).cpu_s
-    per_step = SpeedModel(evaluation, gpu, 1)(compiled)
-    short_run = SpeedModel(evaluation, gpu, 1, train_steps=10)(compiled)
+    assert micro_step(fused, 1, cfg.precision, gpu, eff).cpu_s < micro_step(profile, 1, cfg.precision, gpu, eff).cpu_s
+    per_step = SpeedModel(workload, gpu, 1)(compiled)
+    short_run = SpeedModel(workload, gpu, 1, train_steps=10)(compiled)
     assert per_step.parts.compile == 0 and per_step.parts.compile_once == pytest.approx(
         effect.compile_seconds(resolved.spec.layers))
     assert short_run.parts.compile == pytest.approx(effect.compile_seconds(resolved.spec.layers) / 10)
@@ -126,7 +126,7 @@ def test_auto_weighs_compiling_only_with_the_runs_length():
     short = plan("gpt2", 2, gpu="H100-80GB", seq_len=128, train_steps=2)
     assert not short.choice.config.compiled  # two steps cannot repay the compile
     assert any("eager is faster" in n for n in short.notes)
-    # a device-bound step gains less than the residual the published compiled steps show (planner/memory/compiled.py)
+    # a device-bound step gains less than the residual the published compiled steps show (planner/program/compiled.py)
     bound = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, train_steps=100_000)
     assert not bound.choice.config.compiled
     off = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, train_steps=100_000, compile="off")

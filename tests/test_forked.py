@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from planner.memory import forked
-from planner.memory import trace as trace_mod
-from planner.memory.trace import TraceRequest, prefetch_traces, run_trace
+from planner.program import forked
+from planner.program import trace as trace_mod
+from planner.program.trace import TraceRequest, prefetch_traces, run_trace
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="traces are forked on Linux only")
 
@@ -95,7 +95,7 @@ def test_prefetched_traces_equal_traces_run_one_by_one(tiny, monkeypatch):
     expected = [run_trace(config, layers, r, profile=profile) for layers, r, profile in jobs]  # one by one
     calls = []
     monkeypatch.setattr(trace_mod, "run_trace", lambda *a, **k: calls.append(a))
-    assert [trace_mod._cached_trace(config, "tiny-forked", layers, r, False, profile=profile)
+    assert [trace_mod.cached_trace(config, "tiny-forked", layers, r, False, profile=profile)
             for layers, r, profile in jobs] == expected
     assert calls == []
 
@@ -105,5 +105,5 @@ def test_a_trace_asked_for_with_and_without_its_ops_runs_once_with_them(tiny):
     config, req = tiny
     prefetch_traces(config, "tiny-forked-ops", [(1, req, False), (1, req, True), (2, req, False)])
     assert len(trace_mod._memory_cache) == 2
-    ops = trace_mod._memory_cache[trace_mod._key("tiny-forked-ops", 1, req)]
+    ops = trace_mod._memory_cache[trace_mod.trace_key("tiny-forked-ops", 1, req)]
     assert ops.profile is not None

@@ -12,9 +12,9 @@ import transformers
 from planner import estimate_memory
 from planner.memory.allocator import replay
 from planner.memory.gpu import ACTIVATION_MARGIN
-from planner.memory.kernels import attention_kernel
-from planner.memory.step import make_batch, micro_step
-from planner.memory.tracker import LiveStorageTracker
+from planner.program.kernels import attention_kernel
+from planner.program.step import make_batch, micro_step
+from planner.program.tracker import LiveStorageTracker
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "published_memory.json"
 
@@ -115,7 +115,7 @@ def test_objective_sum_skips_the_loss():
 def test_cublas_copies_an_expanded_operand_for_the_kernels_duration():
     import torch
 
-    from planner.memory.tracker import LiveStorageTracker, cublas_operand_copies
+    from planner.program.tracker import LiveStorageTracker, cublas_operand_copies
 
     w = torch.randn(64, 32)
     grad = torch.ones(()).expand(128, 64)  # what SumBackward hands the LM head: a stride-0 view
@@ -136,9 +136,9 @@ def test_cublas_copies_an_expanded_operand_for_the_kernels_duration():
 def test_a_sum_objective_keeps_its_outputs_through_the_backward_as_the_benchmarks_loop_does():
     from transformers import GPT2Config
 
-    from planner.memory.trace import TraceRequest, run_trace
+    from planner.program.trace import TraceRequest, run_trace
 
-    # no dropout: CUDA's fused kernel keeps smaller masks than the CPU's (planner/memory/dropout.py)
+    # no dropout: CUDA's fused kernel keeps smaller masks than the CPU's (planner/program/dropout.py)
     config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4096, n_positions=128, resid_pdrop=0.0,
                         embd_pdrop=0.0)
     config.architectures = ["GPT2LMHeadModel"]
@@ -151,7 +151,7 @@ def test_a_sum_objective_keeps_its_outputs_through_the_backward_as_the_benchmark
     import torch
     from transformers import GPT2LMHeadModel
 
-    from planner.memory.step import forward_loss
+    from planner.program.step import forward_loss
 
     held: list = []
     loss = forward_loss(GPT2LMHeadModel(config), {"input_ids": torch.zeros(2, 8, dtype=torch.long)}, None,
@@ -166,7 +166,7 @@ def test_the_benchmarks_loop_keeps_a_steps_outputs_through_the_next_forward():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from planner.memory.trace import TraceRequest, run_trace
+    from planner.program.trace import TraceRequest, run_trace
 
     config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4096, n_positions=128, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, use_cache=True)
@@ -201,8 +201,8 @@ def test_a_gpu_trace_runs_dropout_as_cudas_fused_kernel():
     import torch
     from transformers import GPT2Config
 
-    from planner.memory.dropout import fused_dropout
-    from planner.memory.trace import TraceRequest, run_trace
+    from planner.program.dropout import fused_dropout
+    from planner.program.trace import TraceRequest, run_trace
 
     x, original = torch.randn(4, 8, requires_grad=True), torch.nn.functional.dropout
     with fused_dropout():
@@ -227,21 +227,21 @@ def test_the_traced_program_sets_use_cache_as_its_loop_does():
     """The Trainer sets the config's use_cache from TrainingArguments (False by default); a benchmark's own loop
     (the sum objective) leaves the config's, which returns the decoding cache with the outputs."""
     from planner.config import Config
-    from planner.memory.estimate import Evaluation
-    from planner.memory.trace import _prepare_config
     from planner.models import resolve_model
+    from planner.program.trace import _prepare_config
+    from planner.program.workload import Workload
 
     resolved = resolve_model("gpt2")
     assert resolved.config.use_cache is True and transformers.TrainingArguments("out").use_cache is False
     cfg = Config.of(world_size=1, precision="bf16-mixed", zero_stage=0, offload="none", engine=None, micro_batch=1,
                     grad_accum=1, checkpointing="none")
     for objective, expected in (("labels", False), ("sum", True)):
-        req = Evaluation(resolved, seq_len=128, optimizer="adamw", objective=objective).trace_request(cfg)
+        req = Workload(resolved, seq_len=128, optimizer="adamw", objective=objective).request(cfg)
         assert req.use_cache is expected and _prepare_config(resolved.config, 2, req).use_cache is expected
 
 
 def test_carried_outputs_are_live_in_the_replay_until_the_next_forward_returns():
-    from planner.memory.trace import _with_carried
+    from planner.program.trace import _with_carried
 
     events = [("alloc", 1, 100), ("alloc", 2, 50), ("free", 1, 0)]
     assert _with_carried(events, [], 2) == events
@@ -252,7 +252,7 @@ def test_carried_outputs_are_live_in_the_replay_until_the_next_forward_returns()
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_backward_has_a_workspace_of_its_own_and_dropout_keeps_a_bool_mask():
-    """The two CUDA rules the trace follows (estimate.BLAS_THREADS, planner/memory/dropout.py), measured in a fresh
+    """The two CUDA rules the trace follows (gpu.BLAS_THREADS, planner/program/dropout.py), measured in a fresh
     process (benchmarks/gpu_mechanisms.py `measure_step_rules`) so no earlier backward has made the workspace."""
     import subprocess
     import sys

@@ -130,7 +130,7 @@ def test_every_catalog_gpu_can_be_planned_for(gpu):
 
 
 def test_blas_workspace_follows_torchs_default_per_architecture():
-    from planner.memory.estimate import cublas_workspace_bytes
+    from planner.memory.gpu import cublas_workspace_bytes
 
     mib = 2**20
     assert cublas_workspace_bytes(lookup_gpu("H100-80GB")) == 32 * mib  # sm 9.0, measured on the lent H100
@@ -141,7 +141,7 @@ def test_blas_workspace_follows_torchs_default_per_architecture():
 
 
 def test_cuda_context_is_the_measured_bare_context_of_the_architecture_plus_a_steps_kernels():
-    from planner.memory.estimate import CUDA_CONTEXT_BYTES, cuda_context_bytes
+    from planner.memory.gpu import CUDA_CONTEXT_BYTES, cuda_context_bytes
 
     mib, h100_bare = 2**20, 645464064
     h100, a100, v100 = (lookup_gpu(n) for n in ("H100-80GB", "A100-80GB", "V100-16GB"))

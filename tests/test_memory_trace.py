@@ -9,11 +9,11 @@ import pytest
 import torch
 import transformers
 
-import planner.memory.trace as trace_mod
+import planner.program.trace as trace_mod
 from planner.memory.estimate import estimate_memory
-from planner.memory.step import make_batch, micro_step
-from planner.memory.trace import TraceFit, TraceRequest, run_trace, trace_activations
-from planner.memory.tracker import LiveStorageTracker
+from planner.program.step import make_batch, micro_step
+from planner.program.trace import TraceFit, TraceRequest, run_trace, trace_activations
+from planner.program.tracker import LiveStorageTracker
 
 
 def tiny_llama(layers=6):
@@ -108,12 +108,12 @@ def test_traces_are_cached(monkeypatch):
 
 def test_memory_traces_skip_the_op_profile_until_one_is_asked_for():
     config, r = tiny_llama(2), req(micro_batch=3)
-    memory_only = trace_mod._cached_trace(config, "tiny-profile", 2, r, False)
+    memory_only = trace_mod.cached_trace(config, "tiny-profile", 2, r, False)
     assert memory_only.profile is None
-    with_ops = trace_mod._cached_trace(config, "tiny-profile", 2, r, False, profile=True)
+    with_ops = trace_mod.cached_trace(config, "tiny-profile", 2, r, False, profile=True)
     assert with_ops.profile and with_ops.activations == memory_only.activations
     trace_mod._memory_cache.clear()  # the stored trace now has its profile: no third run
-    assert trace_mod._cached_trace(config, "tiny-profile", 2, r, False).profile == with_ops.profile
+    assert trace_mod.cached_trace(config, "tiny-profile", 2, r, False).profile == with_ops.profile
 
 
 def test_gpu_view_drops_attention_dropout_masks_and_adds_overheads():
@@ -131,11 +131,9 @@ def test_gpu_view_drops_attention_dropout_masks_and_adds_overheads():
 def test_the_allocator_replay_requests_the_bytes_the_trace_counts(monkeypatch, objective):
     """The step's replay asks for exactly the live bytes the tracker peaks at (the sum objective's carried outputs
     included), so what it adds on top (rounding, slack) is the allocator's alone."""
-    import planner.memory.allocator as allocator
-
     seen = []
-    real = allocator.replay
-    monkeypatch.setattr(allocator, "replay", lambda events: seen.append(real(events)) or seen[-1])
+    real = trace_mod.replay
+    monkeypatch.setattr(trace_mod, "replay", lambda events: seen.append(real(events)) or seen[-1])
     point = run_trace(tiny_llama(2), 2, req(activations="mixed", objective=objective, autocast_device="cuda"),
                       profile=False)
     (stats,) = seen
@@ -154,7 +152,7 @@ def test_7b_traced_estimate_is_fast():
 
 
 def test_sequence_fit_predicts_an_untraced_length():
-    from planner.memory.trace import trace_sequence_fit
+    from planner.program.trace import trace_sequence_fit
 
     config = tiny_llama(6)
     r = req(attention="eager", micro_batch=2)  # eager attention keeps s x s scores: a real quadratic term
@@ -205,7 +203,7 @@ def test_trace_request_carries_the_precisions_half_dtype(precision, half_dtype, 
                             gpus_per_node=1, device="cuda")
     cfg = Config.of(micro_batch=1, grad_accum=1, world_size=1, precision=precision, checkpointing="none",
                     zero_stage=0, offload="none", engine=None)
-    r = evaluation.trace_request(cfg)
+    r = evaluation.workload.request(cfg)
     assert (r.half_dtype, r.autocast) == (half_dtype, autocast)
 
 
@@ -214,7 +212,7 @@ def test_a_layerdrop_draw_is_real_under_the_fake_trace():
     fake mode propagates it as a constant; other draws stay fake, and torch.rand is restored afterwards."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from planner.memory.trace import _real_scalar_draws
+    from planner.program.trace import _real_scalar_draws
 
     original = torch.rand
     with FakeTensorMode() as mode, _real_scalar_draws(mode):
@@ -233,7 +231,7 @@ def test_legacy_mask_checks_are_answered_as_for_a_real_all_ones_mask(monkeypatch
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.memory.trace import _real_mask_decisions
+    from planner.program.trace import _real_mask_decisions
 
     class AttentionMaskConverter:
         @staticmethod

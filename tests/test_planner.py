@@ -14,11 +14,10 @@ from planner.errors import InputError, NoFitError
 from planner.hardware import lookup_gpu
 from planner.lr import scale_lr
 from planner.models import resolve_model
-from planner.search import (
-    SPEED_TIE, SearchSpace, SpeedModel, divisors, enumerate_configs, judge, nearest_valid_batches, rank,
-)
+from planner.program.workload import Workload
+from planner.search import SPEED_TIE, SearchSpace, divisors, enumerate_configs, judge, nearest_valid_batches, rank
+from planner.speed.model import SpeedModel
 from planner.types import Candidate, ThroughputInfo
-from planner.memory.estimate import Evaluation
 
 A100 = "A100-80GB"
 
@@ -110,8 +109,8 @@ def _tps(**kw):
     seq_len, per_node = args.pop("seq_len"), args.pop("gpus_per_node")
     key = (seq_len, per_node)
     if key not in _SPEEDS:
-        evaluation = Evaluation(resolve_model("meta-llama/Llama-3.2-1B"), seq_len=seq_len, optimizer="adamw")
-        _SPEEDS[key] = SpeedModel(evaluation, lookup_gpu(A100), per_node)
+        workload = Workload(resolve_model("meta-llama/Llama-3.2-1B"), seq_len=seq_len, optimizer="adamw")
+        _SPEEDS[key] = SpeedModel(workload, lookup_gpu(A100), per_node)
     return _SPEEDS[key](Config(**args))
 
 
@@ -327,7 +326,7 @@ def test_auto_searches_fp16_mixed_only_where_bf16_cannot_run(gpu, searched):
 
 def test_plan_output_does_not_depend_on_string_hashing(tmp_path):
     """Two interpreters with different hash seeds (and trace caches) write the same plan JSON, to the last digit: no
-    sum iterates a set of strings (planner/memory/profile.py `extrapolated` once did)."""
+    sum iterates a set of strings (planner/program/profile.py `extrapolated` once did)."""
     import json
     import os
     import subprocess

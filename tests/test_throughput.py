@@ -10,17 +10,20 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import planner.throughput as T
 from planner.config import Config
 from planner.hardware import lookup_gpu
 from planner.hardware.efficiency_data import efficiency, efficiency_json
-from planner.memory.estimate import Evaluation
-from planner.memory.profile import (
+from planner.models import resolve_model
+from planner.program.profile import (
     ENGINE_KERNELS, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
 )
-from planner.models import resolve_model
+from planner.program.workload import Workload
 from planner.refine import _recalibrated, speed_calibrations_from
-from planner.search import SpeedModel
+from planner.speed import communication as speed_comm
+from planner.speed import kernels as speed_kernels
+from planner.speed import optimizer as speed_optim
+from planner.speed import step as speed_step
+from planner.speed.model import SpeedModel, speed_profile
 from planner.types import Candidate, Measurement, ThroughputInfo
 
 
@@ -33,7 +36,7 @@ def test_gemm_model_reproduces_the_measured_h100_gemm_table():
     eff = efficiency(gpu.name)
     errors = []
     for b, m, n, k, bf16_tflops, _ in _xla_rows():
-        predicted = 2 * b * m * n * k / T.gemm_seconds(b, m, n, k, "bf16", gpu, eff, 2) / 1e12
+        predicted = 2 * b * m * n * k / speed_kernels.gemm_seconds(b, m, n, k, "bf16", gpu, eff, 2) / 1e12
         errors.append(abs(math.log(predicted / bf16_tflops)))
     errors.sort()
     assert errors[len(errors) // 2] < 0.10          # median within ~10%
@@ -45,14 +48,14 @@ def test_small_gemms_are_less_efficient_than_large_ones():
     eff = efficiency(gpu.name)
 
     def rate(m, n, k):
-        return 2 * m * n * k / T.gemm_seconds(1, m, n, k, "bf16", gpu, eff, 2)
+        return 2 * m * n * k / speed_kernels.gemm_seconds(1, m, n, k, "bf16", gpu, eff, 2)
 
     assert rate(256, 256, 256) < rate(1024, 1024, 1024) < rate(8192, 8192, 8192)
 
 
 @pytest.fixture(scope="module")
 def gpt2_profile():
-    from planner.memory.trace import TraceRequest, run_trace
+    from planner.program.trace import TraceRequest, run_trace
 
     config = resolve_model("openai-community/gpt2").config
     req = TraceRequest(micro_batch=2, seq_len=64, activations="mixed", checkpointing="none", attention="flash",
@@ -90,30 +93,30 @@ def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels():
     gpu = lookup_gpu("H100-80GB")
     eff = efficiency(gpu.name)
     small = Profile(matmuls={"1,64,64,64,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
-    step = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
+    step = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
     assert step.seconds == step.cpu_s == pytest.approx(100 * eff.dispatch_us * 1e-6)
     big = Profile(matmuls={"1,8192,8192,8192,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
-    step = T.micro_step(big, 1.0, "bf16-mixed", gpu, eff)
+    step = speed_kernels.micro_step(big, 1.0, "bf16-mixed", gpu, eff)
     assert step.seconds == step.gpu_s > step.cpu_s
 
 
 def test_the_device_time_by_kind_adds_up_to_the_micro_steps(gpt2_profile):
     gpu = lookup_gpu("A100-80GB")
     eff = efficiency(gpu.name)
-    parts = T.device_time(gpt2_profile, 2.0, "bf16-mixed", gpu, eff)
-    assert parts.seconds == pytest.approx(T.micro_step(gpt2_profile, 2.0, "bf16-mixed", gpu, eff).gpu_s)
+    parts = speed_kernels.device_time(gpt2_profile, 2.0, "bf16-mixed", gpu, eff)
+    assert parts.seconds == pytest.approx(speed_kernels.micro_step(gpt2_profile, 2.0, "bf16-mixed", gpu, eff).gpu_s)
     assert parts.gemm_s > 0 and parts.attention_s > 0 and parts.memory_s > 0
     gemms = Profile(matmuls={"1,4096,4096,4096,half,forward,0100": 3.0})
-    assert T.device_time(gemms, 1.0, "bf16-mixed", gpu, eff) == T.DeviceTime(
-        gemm_s=3 * T.gemm_seconds(1, 4096, 4096, 4096, "bf16", gpu, eff, 2), attention_s=0.0, memory_s=0.0)
+    assert speed_kernels.device_time(gemms, 1.0, "bf16-mixed", gpu, eff) == speed_kernels.DeviceTime(
+        gemm_s=3 * speed_kernels.gemm_seconds(1, 4096, 4096, 4096, "bf16", gpu, eff, 2), attention_s=0.0, memory_s=0.0)
 
 
 def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
     gpu = lookup_gpu("H100-80GB")
     eff = efficiency(gpu.name)
     small = Profile(matmuls={"1,64,64,64,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
-    plain = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
-    checkpointed = T.micro_step(small, 1.0, "bf16-mixed", gpu, eff, checkpointed_blocks=24)
+    plain = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
+    checkpointed = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff, checkpointed_blocks=24)
     assert checkpointed.cpu_s - plain.cpu_s == pytest.approx(24 * eff.checkpoint_block_us * 1e-6)
     assert checkpointed.gpu_s == plain.gpu_s and eff.checkpoint_block_us > 10 * eff.module_call_us
     # the bookkeeping is so many Python view ops of the host (benchmarks/checkpoint_host_cost.py): a host with a
@@ -131,7 +134,7 @@ def test_a_selective_policy_costs_the_host_each_op_it_handles_twice():
     base = Profile(matmuls={"1,64,64,64,half,forward,0100": 1.0}, dispatch={PY_KERNELS: 100.0})
     full, selective = base.scaled_add(block, 24), base.scaled_add(block, 24, policy=True)
     assert selective.dispatch[POLICY_OPS] == 2 * 24 * (50 + 30) and POLICY_OPS not in full.dispatch
-    extra = T.cpu_seconds(selective, eff) - T.cpu_seconds(full, eff)
+    extra = speed_kernels.cpu_seconds(selective, eff) - speed_kernels.cpu_seconds(full, eff)
     assert extra == pytest.approx(2 * 24 * 80 * eff.checkpoint_policy_op_us * 1e-6)
     ops = efficiency_json()["defaults"]["launch_overhead_us"]["checkpoint_policy_op_python_ops"]["value"]
     assert eff.checkpoint_policy_op_us == pytest.approx(ops * eff.python_op_us) and ops > 1
@@ -145,12 +148,12 @@ def test_the_traced_selective_profile_counts_every_recomputed_forward_op_twice_f
     config = transformers.LlamaConfig(num_hidden_layers=6, hidden_size=64, intermediate_size=160,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
                                       architectures=["LlamaForCausalLM"])
-    evaluation = Evaluation(resolve_model(config), seq_len=64, optimizer="adamw", gpu=lookup_gpu("H100-80GB"))
+    workload = Workload(resolve_model(config), seq_len=64, optimizer="adamw", gpu=lookup_gpu("H100-80GB"))
 
     def dispatch(checkpointing):
         cfg = Config(micro_batch=2, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing=checkpointing,
                      zero_stage=0, offload="none")
-        return evaluation.speed_profile(cfg)[0].dispatch
+        return speed_profile(workload, cfg)[0].dispatch
 
     none, full, selective = dispatch("none"), dispatch("full"), dispatch("selective")
     recomputed = sum(full[kind] - none[kind] for kind in (PY_KERNELS, PY_VIEWS))  # 6 blocks' forward ops
@@ -161,7 +164,7 @@ def test_the_traced_selective_profile_counts_every_recomputed_forward_op_twice_f
 def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():
     resolved = resolve_model("bigscience/bloom-560m")
     gpu = lookup_gpu("A100-80GB")
-    speed = SpeedModel(Evaluation(resolved, seq_len=1024, optimizer="adamw", gpu=gpu), gpu, 1)
+    speed = SpeedModel(Workload(resolved, seq_len=1024, optimizer="adamw", gpu=gpu), gpu, 1)
 
     def step(**kw):
         cfg = Config(**{"micro_batch": 4, "grad_accum": 1, "world_size": 1, "precision": "bf16-mixed",
@@ -176,7 +179,7 @@ def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():
 def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model", precision="bf16-mixed"):
     cfg = Config(micro_batch=micro_batch, grad_accum=grad_accum, world_size=1, precision=precision,
                  checkpointing="none", zero_stage=0, offload="none")
-    parts = T.StepParts(compute=compute, optimizer=optimizer)
+    parts = speed_step.StepParts(compute=compute, optimizer=optimizer)
     tp = ThroughputInfo(tokens_per_s=1000.0 / (compute + optimizer), samples_per_s=1.0, mfu=0.3,
                         step_time_s=compute + optimizer, source=source, parts=parts)
     return Candidate(config=cfg, memory=None, throughput=tp, fits=True, reason="")
@@ -206,7 +209,7 @@ def test_data_parallel_groups_of_a_tensor_parallel_job_cross_nodes_at_the_nic_ra
 
     def comm(c, per_node, nic):
         eff = efficiency(gpu.name).model_copy(update={"nic_GBps": nic / 8})
-        return T.communication_seconds(spec, c, per_node, 0.0, 0.0, gpu, eff)
+        return speed_comm.communication_seconds(spec, c, per_node, 0.0, 0.0, gpu, eff)
 
     assert comm(cfg, 8, 50) > 3 * comm(cfg, 8, 400)  # the NIC, not NVLink, bounds it
     assert comm(one_node, 8, 50) == comm(one_node, 8, 400)  # inside a node the NIC plays no part
@@ -227,10 +230,10 @@ def test_a_collective_across_nodes_reproduces_the_measured_nccl_bus_bandwidth():
     gpu, size = lookup_gpu("H200-141GB"), 4 * 2**30
     eff = efficiency(gpu.name)
     measured = 2 * 31 / 32 * size / 364.65e9
-    assert 2 * T.ring_seconds(size, 32, 8, gpu, eff) == pytest.approx(measured, rel=0.01)
+    assert 2 * speed_comm.ring_seconds(size, 32, 8, gpu, eff) == pytest.approx(measured, rel=0.01)
     # across nodes only the other nodes' share enters a node, through all of its NICs: far less than the whole
     # (W-1)/W through each GPU's one NIC
-    assert T.ring_seconds(size, 32, 8, gpu, eff) < 0.2 * (31 / 32 * size / (eff.nic_GBps * 1e9))
+    assert speed_comm.ring_seconds(size, 32, 8, gpu, eff) < 0.2 * (31 / 32 * size / (eff.nic_GBps * 1e9))
 
 
 @pytest.mark.parametrize("dims, rate", [((4096, 50257, 768), "misaligned"), ((4096, 30522, 1024), "misaligned_align2"),
@@ -240,8 +243,8 @@ def test_16_bit_gemm_rate_follows_the_alignment_of_its_dimensions(dims, rate):
     that is not a multiple of 8 (BERT's), full-width ones otherwise; fp32 has no such rule."""
     eff = efficiency("H100-80GB")
     expected = eff.matmul["bf16"] if rate == "aligned" else getattr(eff, rate)
-    assert T.gemm_fraction(*dims, "bf16", eff, 2) == expected
-    assert T.gemm_fraction(*dims, "fp32", eff, 4) == eff.matmul["fp32"]
+    assert speed_kernels.gemm_fraction(*dims, "bf16", eff, 2) == expected
+    assert speed_kernels.gemm_fraction(*dims, "fp32", eff, 4) == eff.matmul["fp32"]
     assert eff.misaligned < eff.misaligned_align2 < eff.matmul["bf16"]
 
 
@@ -253,17 +256,17 @@ def _toy_spec(tied: bool):
 
 
 def test_gradients_are_ready_in_reverse_model_order_with_the_embedding_table_last():
-    tied, untied = T.gradient_order(_toy_spec(True)), T.gradient_order(_toy_spec(False))
+    tied, untied = speed_comm.gradient_order(_toy_spec(True)), speed_comm.gradient_order(_toy_spec(False))
     # the tied head's matmul (vocab x hidden = 60) is the backward's first work; its gradient lands on the table
     assert tied == [(60.0, 0), (40.0, 40), (30.0, 30), (20.0, 20), (10.0, 10), (0.0, 100)]
     assert untied == tied[1:]
-    llama = T.gradient_order(resolve_model("meta-llama/Llama-3.1-8B").spec)
+    llama = speed_comm.gradient_order(resolve_model("meta-llama/Llama-3.1-8B").spec)
     assert llama[0] == (525336576.0, 525336576) and llama[-1] == (0.0, 525336576)  # lm_head first, table last
 
 
 def test_gradient_buckets_close_at_their_cap_in_the_order_gradients_are_ready():
     # 4 bytes per element, caps 100 B for the first bucket, 150 B after: work 60|40|30|20|10|0 of 160
-    buckets = T.gradient_buckets(_toy_spec(True), 4, (100, 150))
+    buckets = speed_comm.gradient_buckets(_toy_spec(True), 4, (100, 150))
     assert [(b.ready, b.nbytes) for b in buckets] == [
         (100 / 160, 160),        # the 40-element tensor alone passes the first cap
         (150 / 160, 200),        # 30 + 20 elements: 200 B >= 150
@@ -271,19 +274,19 @@ def test_gradient_buckets_close_at_their_cap_in_the_order_gradients_are_ready():
 
 
 def test_exposed_communication_follows_the_bucket_timeline():
-    buckets = [T.Bucket(0.25, 2.0), T.Bucket(0.5, 1.0), T.Bucket(1.0, 3.0)]
+    buckets = [speed_comm.Bucket(0.25, 2.0), speed_comm.Bucket(0.5, 1.0), speed_comm.Bucket(1.0, 3.0)]
     # backward of 8 s: the first runs 2-4 s, the second 4-5 s, the last 8-11 s: 3 s after the backward
-    assert T.exposed_seconds(buckets, 8.0, lambda nbytes: nbytes) == pytest.approx(3.0)
+    assert speed_comm.exposed_seconds(buckets, 8.0, lambda nbytes: nbytes) == pytest.approx(3.0)
     # a 2 s backward: 0.5-2.5, 2.5-3.5, 3.5-6.5: 4.5 s exposed
-    assert T.exposed_seconds(buckets, 2.0, lambda nbytes: nbytes) == pytest.approx(4.5)
+    assert speed_comm.exposed_seconds(buckets, 2.0, lambda nbytes: nbytes) == pytest.approx(4.5)
 
 
 def test_sharded_blocks_hide_their_gathers_behind_the_block_before():
     # 4 blocks, 1 s gather each, forward 8 s (2 s a block) hides all but the first gather; a backward of 4 s
     # (1 s a block) cannot hide the regather + reduce (2 s): 1 s a block is exposed, plus the first and the last
-    assert T.sharded_exposed_seconds(4, 1.0, 1.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 2.0 + 3 * 1.0)
+    assert speed_comm.sharded_exposed_seconds(4, 1.0, 1.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 2.0 + 3 * 1.0)
     # stage 2 keeps the forward's weights: only the reduce-scatters in the backward, all hidden but the last
-    assert T.sharded_exposed_seconds(4, 1.0, 0.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 1.0)
+    assert speed_comm.sharded_exposed_seconds(4, 1.0, 0.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 1.0)
 
 
 def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather():
@@ -294,12 +297,12 @@ def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather():
     eff = efficiency(gpu.name)
     ddp = Config(micro_batch=1, grad_accum=1, world_size=8, precision="bf16-mixed", checkpointing="none",
                  zero_stage=0, offload="none")
-    table = 2 * T.ring_seconds(spec.embedding_parameters * ddp.grad_bytes(), 8, 8, gpu, eff)
-    assert T.communication_seconds(spec, ddp, 8, 100.0, 150.0, gpu, eff) >= table
+    table = 2 * speed_comm.ring_seconds(spec.embedding_parameters * ddp.grad_bytes(), 8, 8, gpu, eff)
+    assert speed_comm.communication_seconds(spec, ddp, 8, 100.0, 150.0, gpu, eff) >= table
     zero1 = ddp.model_copy(update={"zero_stage": 1, "engine": "deepspeed"})
-    gather = T.ring_seconds(spec.parameters * zero1.weight_bytes(), 8, 8, gpu, eff)
-    assert T.communication_seconds(spec, zero1, 8, 100.0, 150.0, gpu, eff) == pytest.approx(
-        gather + T.ring_seconds(spec.embedding_parameters * zero1.grad_bytes(), 8, 8, gpu, eff), rel=0.05)
+    gather = speed_comm.ring_seconds(spec.parameters * zero1.weight_bytes(), 8, 8, gpu, eff)
+    assert speed_comm.communication_seconds(spec, zero1, 8, 100.0, 150.0, gpu, eff) == pytest.approx(
+        gather + speed_comm.ring_seconds(spec.embedding_parameters * zero1.grad_bytes(), 8, 8, gpu, eff), rel=0.05)
 
 
 def test_fp16_loss_scaling_unscales_every_gradient_before_the_step():
@@ -310,10 +313,10 @@ def test_fp16_loss_scaling_unscales_every_gradient_before_the_step():
                   zero_stage=0, offload="none")
     fp16 = bf16.model_copy(update={"precision": "fp16-mixed"})
     def step(cfg):
-        return T.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1)
+        return speed_optim.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1)
 
     extra = step(fp16) - step(bf16)
-    assert extra == pytest.approx(spec.trainable_parameters * 2 * fp16.grad_bytes() / T.bandwidth(gpu, eff))
+    assert extra == pytest.approx(spec.trainable_parameters * 2 * fp16.grad_bytes() / speed_kernels.bandwidth(gpu, eff))
 
 
 class _StepCounter(TorchDispatchMode):
@@ -330,7 +333,7 @@ class _StepCounter(TorchDispatchMode):
         self.kernels, self.host = 0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from planner.memory.profile import _FREE
+        from planner.program.profile import _FREE
 
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -406,27 +409,27 @@ def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
     eff = efficiency(gpu.name)
     cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="fp32", checkpointing="none", zero_stage=0,
                  offload="none")
-    fused, foreach, loop = (T.optimizer_step(spec, cfg, "adamw", gpu, eff, 1, how)
+    fused, foreach, loop = (speed_optim.optimizer_step(spec, cfg, "adamw", gpu, eff, 1, how)
                             for how in ("fused", "foreach", "for-loop"))
-    n, (matrices, vectors) = spec.trainable_parameters, T.trainable_tensors(spec)
+    n, (matrices, vectors) = spec.trainable_parameters, speed_optim.trainable_tensors(spec)
     tensors = matrices + vectors
     assert tensors == sum(1 for size in spec.tensor_sizes if size > 0) > 300  # BERT-large's weights and biases
     assert matrices == 24 * 6 + 4 and vectors > matrices  # 6 per block, 3 embedding tables, the MLM head's dense
     extra_bytes = (21 - 7) * 4 * n  # 21 fp32 accesses per parameter instead of the fused kernel's 7
-    extra_launches = (8 - 2) * math.ceil(n / T.FOREACH_LAUNCH_ELEMENTS)  # 8 multi-tensor ops instead of 2
+    extra_launches = (8 - 2) * math.ceil(n / speed_optim.FOREACH_LAUNCH_ELEMENTS)  # 8 multi-tensor ops instead of 2
     assert foreach.gpu_s - fused.gpu_s == pytest.approx(
-        extra_bytes / T.bandwidth(gpu, eff) + extra_launches * eff.launch_us * 1e-6, rel=1e-6)
+        extra_bytes / speed_kernels.bandwidth(gpu, eff) + extra_launches * eff.launch_us * 1e-6, rel=1e-6)
     # the Python loop launches 8 kernels per tensor: each pays the GPU's fixed cost and the host's dispatch
     assert loop.gpu_s - foreach.gpu_s == pytest.approx(
-        (8 * tensors - 8 * math.ceil(n / T.FOREACH_LAUNCH_ELEMENTS)) * eff.launch_us * 1e-6, rel=1e-6)
+        (8 * tensors - 8 * math.ceil(n / speed_optim.FOREACH_LAUNCH_ELEMENTS)) * eff.launch_us * 1e-6, rel=1e-6)
     assert loop.cpu_s == pytest.approx((8 * tensors * eff.dispatch_us + 2 * tensors * eff.python_op_us) * 1e-6)
     assert fused.cpu_s < foreach.cpu_s < loop.cpu_s
-    assert T.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1, "for-loop") == max(loop.gpu_s, loop.cpu_s)
+    assert speed_optim.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1, "for-loop") == max(loop.gpu_s, loop.cpu_s)
     # DeepSpeed steps with its own FusedAdam whatever torch would run; SGD has no Adam step to vary
     ds = cfg.model_copy(update={"precision": "bf16-mixed", "zero_stage": 1, "engine": "deepspeed"})
-    assert T.optimizer_step(spec, ds, "adamw", gpu, eff, 1, "for-loop") == T.optimizer_step(spec, ds, "adamw", gpu,
+    assert speed_optim.optimizer_step(spec, ds, "adamw", gpu, eff, 1, "for-loop") == speed_optim.optimizer_step(spec, ds, "adamw", gpu,
                                                                                            eff, 1)
-    assert T.optimizer_step(spec, cfg, "sgd", gpu, eff, 1, "for-loop") == T.optimizer_step(spec, cfg, "sgd", gpu,
+    assert speed_optim.optimizer_step(spec, cfg, "sgd", gpu, eff, 1, "for-loop") == speed_optim.optimizer_step(spec, cfg, "sgd", gpu,
                                                                                           eff, 1)
 
 
@@ -438,27 +441,27 @@ def test_adafactors_python_loop_costs_the_host_its_kernels_per_matrix_and_per_ve
     eff = efficiency(gpu.name)
     cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
                  zero_stage=0, offload="none")
-    matrices, vectors = T.trainable_tensors(spec)
+    matrices, vectors = speed_optim.trainable_tensors(spec)
     program = OPTIMIZER_STEP["adafactor"]
-    step = T.optimizer_step(spec, cfg, "adafactor", gpu, eff, 1)
+    step = speed_optim.optimizer_step(spec, cfg, "adafactor", gpu, eff, 1)
     kernels = program.matrix_kernels * matrices + program.vector_kernels * vectors
     assert step.cpu_s == pytest.approx(kernels * eff.dispatch_us * 1e-6)
     assert step.cpu_s > step.gpu_s  # 7,488 kernels from Python: the host binds
     per_param = 3 * 4 + 2 * 4 + 16 * 4 + 2 * 4  # weights, gradients, temporaries, clipping: fp32 under autocast
-    assert step.gpu_s == pytest.approx(spec.trainable_parameters * per_param / T.bandwidth(gpu, eff)
+    assert step.gpu_s == pytest.approx(spec.trainable_parameters * per_param / speed_kernels.bandwidth(gpu, eff)
                                        + kernels * eff.launch_us * 1e-6)
     # an optimizer whose step no table counts (bitsandbytes') keeps the bytes-only estimate, with no host time
-    assert T.optimizer_step(spec, cfg, "adamw-8bit", gpu, eff, 1).cpu_s == 0.0
+    assert speed_optim.optimizer_step(spec, cfg, "adamw-8bit", gpu, eff, 1).cpu_s == 0.0
 
 
 def test_a_speed_model_times_the_adam_step_its_program_runs():
     resolved = resolve_model("openai-community/gpt2")
     gpu = lookup_gpu("A100-80GB")
-    evaluation = Evaluation(resolved, seq_len=128, optimizer="adamw", gpu=gpu)
+    workload = Workload(resolved, seq_len=128, optimizer="adamw", gpu=gpu)
     cfg = Config(micro_batch=2, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
                  zero_stage=0, offload="none")
-    emitted, foreach = SpeedModel(evaluation, gpu, 1), SpeedModel(evaluation, gpu, 1, adam_step="foreach")
-    assert emitted.adam_step == "fused"
+    emitted, foreach = SpeedModel(workload, gpu, 1), SpeedModel(workload, gpu, 1, adam_step="foreach")
+    assert emitted.setup.adam_step == "fused"
     assert foreach(cfg).parts.optimizer > emitted(cfg).parts.optimizer
     assert foreach(cfg).parts.compute == emitted(cfg).parts.compute
 

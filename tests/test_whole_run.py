@@ -8,11 +8,11 @@ import transformers
 
 from planner.memory.allocator import replay
 from planner.memory.gpu import AllocatorView
-from planner.memory.trace import TraceRequest, run_trace
+from planner.program.trace import TraceRequest, run_trace
 from planner.memory.whole_run import (
-    RUN_STEPS, NotRepeatable, RunAllocations, Template, decode, full_depth_micro_step, region_code, run_events,
-    whole_run_view,
+    RUN_STEPS, NotRepeatable, RunAllocations, full_depth_micro_step, run_events, whole_run_view,
 )
+from planner.program.regions import Template, decode, region_code
 
 MiB = 2**20
 

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from planner.memory.tracker import LiveStorageTracker
+from planner.program.tracker import LiveStorageTracker
 
 tracker = LiveStorageTracker()
 script, sys.argv = sys.argv[1], sys.argv[1:]

@@ -104,3 +104,14 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
     copies = 2 * cast // tp if autocast_copies else 0
     return {"blocks": int(blocks), "logits_and_loss": int(logits), "embeddings": int(embeddings),
             "autocast_weight_copies": int(copies)}
+
+
+def tensor_parallel_share(workload, cfg) -> float:
+    """A tensor-parallel rank's activations over the unsplit model's, by these formulas (`workload`: a
+    planner.program.workload.Workload; `cfg` a Config)."""
+    req = workload.request(cfg)
+    terms = [activation_bytes(workload.spec, micro_batch=cfg.micro_batch, seq_len=workload.seq_len,
+                              activations=req.activations, attention=req.attention, checkpointing=cfg.checkpointing,
+                              tp=tp)
+             for tp in (1, cfg.tensor_parallel)]
+    return sum(terms[1].values()) / max(1, sum(terms[0].values()))

@@ -46,24 +46,6 @@ DS_CPU_ACCUMULATION_BYTES = 2
 #: (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: forward prefetch of one group, backward likewise).
 FSDP_GATHERED_BLOCKS = 2
 
-#: bitsandbytes NF4 storage (bitsandbytes 0.50 functional.py `quantize_4bit`): two 4-bit codes per uint8 byte; one
-#: absmax per block of 64 elements (blocksize None -> 64), fp32; with double quantisation (`compress_statistics`)
-#: the absmax values, less their mean (one fp32 offset), are themselves quantised to uint8 in blocks of 256
-#: (`quantize_blockwise(_absmax - offset, blocksize=256)`) with one fp32 absmax per such block. Checked on a real
-#: 4096 x 11008 tensor: 0.5625 and 0.51589 bytes per element, against 0.5625 and 0.51587 here (the rest is each
-#: tensor's 64-byte NF4 code and, with double quantisation, its 1 KiB second-level code).
-NF4_BLOCK = 64
-NF4_SECOND_BLOCK = 256
-
-
-def nf4_bytes(elements: int, double_quant: bool) -> int:
-    """Bytes bitsandbytes keeps for `elements` weights in 4-bit NF4 (QLoRA's base)."""
-    blocks = math.ceil(elements / NF4_BLOCK)
-    if not double_quant:
-        return math.ceil(elements / 2) + FP32_BYTES * blocks
-    return math.ceil(elements / 2) + blocks + FP32_BYTES * (math.ceil(blocks / NF4_SECOND_BLOCK) + 1)
-
-
 @dataclass(frozen=True)
 class ModelStates:
     """Bytes per GPU, plus what offload keeps in host memory: `cpu_bytes` as DeepSpeed's estimators reserve it per

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError, ModelNotFoundError
+from planner.models.adapters import quantized_linear_numel, with_task
 from planner.models.build import build_meta, spec_from_model
 from planner.models.presets import find_preset, presets
 from planner.models.spec import ModelSpec
@@ -65,7 +66,6 @@ def resolve_model(source, *, trust_remote_code: bool = False, task: str | None =
 
 def trained_as(resolved: ResolvedModel, task=None, num_labels=None, adapter=None) -> ResolvedModel:
     """The resolved model with another head and/or adapters, counted on the meta model peft builds."""
-    from planner.models.adapters import quantized_linear_numel, with_task
 
     config, trust = with_task(resolved.config, task, num_labels), resolved.trust_remote_code
     model = build_meta(config, trust_remote_code=trust, adapter=adapter)

@@ -11,6 +11,7 @@ import hashlib
 import json
 
 from planner.errors import InputError
+from planner.models.adapters import apply_adapter, nf4_bytes
 from planner.models.spec import ModelSpec
 from planner.models.validate import text_config
 from planner.vocab import CLASS_LABELS, EAGER, FLASH, NO_ADAPTER, SDPA, TASK, TOKEN_LABELS, task_of_class
@@ -98,7 +99,6 @@ def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = F
         model = cls._from_config(cfg, **_from_config_kwargs(cfg, dtype or torch.float32))
         _untie_t5_v11_head(model, cfg)
         if adapter is not None:
-            from planner.models.adapters import apply_adapter
 
             model = apply_adapter(model, adapter, task_of_class(type(model).__name__), mixed_dtype).get_base_model()
     return model
@@ -290,7 +290,5 @@ def _num_labels(model, config) -> int:
 
 
 def _adapter_fields(adapter, quantized: int) -> dict:
-    from planner.memory.states import nf4_bytes
-
     return {"adapter": adapter.method if adapter is not None else NO_ADAPTER, "quantized_parameters": quantized,
             "quantized_bytes": nf4_bytes(quantized, adapter.double_quant) if quantized else 0}

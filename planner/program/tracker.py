@@ -14,7 +14,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-from planner.memory.profile import _MATMULS
+from planner.program.profile import _MATMULS
 
 
 #: Matmuls whose CUDA kernels hand cuBLAS only matrices it can address: an operand that is neither dense nor
@@ -22,7 +22,7 @@ from planner.memory.profile import _MATMULS
 #: duration of the kernel (aten/src/ATen/native/cuda/Blas.cpp `prepare_matrix_for_cublas`, `else` branch:
 #: `tensor.clone(at::MemoryFormat::Contiguous)`; `prepare_batch_matrix_for_cublas` likewise). The clone happens inside
 #: the kernel, below any dispatch mode: a trace of a CUDA step adds it here (`cuda_matmuls`). The matmuls are
-#: the op profile's (planner/memory/profile.py `_MATMULS`).
+#: the op profile's (planner/program/profile.py `_MATMULS`).
 
 
 def cublas_operand_copies(func, args) -> int:

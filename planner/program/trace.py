@@ -5,7 +5,7 @@ matches a real step. A trace runs one forward+backward, with the gradients alrea
 after the first of an accumulation cycle) or not (the first, whose backward allocates them), and measures the
 peak above the model states present: the activations, in the broad sense of everything the step allocates and
 frees (saved tensors, autocast weight copies, logits, the loss's scratch). Asked to, it also records the step's
-op profile (planner/memory/profile.py) for the speed model.
+op profile (planner/program/profile.py) for the speed model.
 
 Models are traced at two depths at the micro-batch asked for and extrapolated per block (`TraceFit`);
 with `batch_slope` two micro-batches more give the per-sample slope too. The model states themselves are
@@ -21,6 +21,15 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from planner.cache import load_json, store_json
+from planner.memory.allocator import replay
+from planner.models.build import build_meta, with_layers
+from planner.program.autocast import cuda_autocast_rules
+from planner.program.dropout import fused_dropout
+from planner.program.forked import map_forked, worker_count
+from planner.program.profile import OpRecorder
+from planner.program.regions import Template, block_regions
+from planner.program.step import enable_checkpointing, forward_loss, make_batch
+from planner.program.tracker import LiveStorageTracker
 from planner.vocab import ACTIVATIONS, KERNEL, LABELS_OBJECTIVE
 
 #: Block counts traced for the per-block slope. From 3 blocks on, the moment of the peak (end of the
@@ -42,7 +51,7 @@ class TracePoint:
 
     activations: int
     slack: int              # max_memory_reserved - max_memory_allocated of the step's replay
-    #: planner.memory.profile.Profile as JSON: the step's ops, for the speed model; None where the trace was run for
+    #: planner.program.profile.Profile as JSON: the step's ops, for the speed model; None where the trace was run for
     #: its memory alone (recording the ops costs a tenth of a trace)
     profile: dict | None
     forward: int = 0        # the peak while the forward and the loss run (`activations` is the larger of the two)
@@ -117,8 +126,8 @@ class TraceRequest:
     #: backward allocates them as it goes and the peak above the weights includes those made by then
     grads_allocated: bool = True
     #: the device whose rules the traced step follows: "cuda" applies CUDA's autocast op lists
-    #: (planner/memory/autocast.py), runs dropout as CUDA's fused kernel (planner/memory/dropout.py) and counts the
-    #: operand copies its matmuls make (planner/memory/tracker.py); "cpu" keeps the CPU's own
+    #: (planner/program/autocast.py), runs dropout as CUDA's fused kernel (planner/program/dropout.py) and counts the
+    #: operand copies its matmuls make (planner/program/tracker.py); "cpu" keeps the CPU's own
     autocast_device: str = "cpu"
     #: LoRA / QLoRA adapters peft injects (planner.models.adapters.Adapter); None trains the whole model
     adapter: object = None
@@ -146,7 +155,7 @@ class TraceRequest:
 _memory_cache: dict[str, TracePoint] = {}
 
 
-def _key(config_hash: str, layers: int, req: TraceRequest) -> str:
+def trace_key(config_hash: str, layers: int, req: TraceRequest) -> str:
     import torch
     import transformers
 
@@ -171,8 +180,8 @@ def trace_activations(config, config_hash: str, total_layers: int, req: TraceReq
     depths = traced_layers(config, total_layers)
     b1, b2 = req.micro_batch, req.micro_batch + 1
     prefetch_traces(config, config_hash, _fit_jobs(depths, req, batch_slope), trust_remote_code)
-    anchor = [_cached_trace(config, config_hash, layers, req, trust_remote_code) for layers in depths]
-    more = [_cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code)
+    anchor = [cached_trace(config, config_hash, layers, req, trust_remote_code) for layers in depths]
+    more = [cached_trace(config, config_hash, layers, replace(req, micro_batch=b2), trust_remote_code)
             for layers in depths] if batch_slope else None
     widest = max(anchor, key=lambda point: point.slack + point.rounding)
     backward = _phase_fit(depths, (b1, b2), anchor, more, lambda p: p.backward)
@@ -235,9 +244,9 @@ def trace_sequence_fit(config, config_hash: str, total_layers: int, req: TraceRe
     return SequenceFit(c0, c1, c2, tuple(seq_lens))
 
 
-def _cached_trace(config, config_hash, layers, req, trust, profile: bool = False) -> TracePoint:
+def cached_trace(config, config_hash, layers, req, trust, profile: bool = False) -> TracePoint:
     """One trace, from the memory or disk cache or run now; with `profile` one that recorded its ops."""
-    key = _key(config_hash, layers, req)
+    key = trace_key(config_hash, layers, req)
     result = _lookup(key, profile)
     if result is None:
         result = _remember(key, run_trace(config, layers, req, trust, profile=profile))
@@ -262,13 +271,12 @@ def _remember(key: str, point: TracePoint) -> TracePoint:
 
 def prefetch_traces(config, config_hash: str, jobs: list[tuple[int, TraceRequest, bool]], trust: bool = False) -> None:
     """Run the traces among `jobs` ((layers, request, with its op profile) each) that no cache holds, side by side in
-    forked processes where cores are spare (planner/memory/forked.py), so that `_cached_trace` finds them. A job a
-    worker could not run is left for `_cached_trace` to run, and fail, as it would have."""
-    from planner.memory.forked import map_forked, worker_count
+    forked processes where cores are spare (planner/program/forked.py), so that `cached_trace` finds them. A job a
+    worker could not run is left for `cached_trace` to run, and fail, as it would have."""
 
     wanted: dict[str, tuple[int, TraceRequest, bool]] = {}
     for layers, req, profile in jobs:  # one run per trace, with its op profile if any job asks for it
-        key = _key(config_hash, layers, req)
+        key = trace_key(config_hash, layers, req)
         wanted[key] = (layers, req, profile or (key in wanted and wanted[key][2]))
     todo = [(key, job) for key, job in wanted.items() if _lookup(key, job[2]) is None]
     # deepest first: dealt out in turn, every process gets a like share of the blocks to trace
@@ -284,8 +292,6 @@ def prefetch_traces(config, config_hash: str, jobs: list[tuple[int, TraceRequest
 
 
 def _prepare_config(config, layers, req):
-    from planner.models.build import with_layers
-
     cfg = with_layers(config, layers)
     if not req.attention_dropout:
         for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
@@ -328,7 +334,7 @@ def _real_mask_decisions():
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
 
-    fake = (FakeTensor, FunctionalTensor)  # FunctionalTensor: AOTAutograd's capture (planner/memory/compiled.py)
+    fake = (FakeTensor, FunctionalTensor)  # FunctionalTensor: AOTAutograd's capture (planner/program/compiled.py)
     restore: list[tuple[object, str, object]] = []
 
     def patch(owner, name: str, replacement) -> None:
@@ -441,10 +447,9 @@ def _patch_legacy_mask_utils(patch, fake) -> None:
 
 
 def _cuda_dropout(req: TraceRequest):
-    """Dropout as CUDA runs it (planner/memory/dropout.py), for a step traced for a GPU."""
+    """Dropout as CUDA runs it (planner/program/dropout.py), for a step traced for a GPU."""
     if req.autocast_device != "cuda":
         return contextlib.nullcontext()
-    from planner.memory.dropout import fused_dropout
 
     return fused_dropout()
 
@@ -453,7 +458,6 @@ def _autocast_rules(req: TraceRequest):
     """CUDA's autocast op lists for a step traced for a GPU; CPU autocast's own otherwise."""
     if req.autocast is None or req.autocast_device != "cuda":
         return contextlib.nullcontext()
-    from planner.memory.autocast import cuda_autocast_rules
 
     return cuda_autocast_rules(req.autocast)
 
@@ -472,12 +476,10 @@ def _sdpa_kernel(kernel: str):
 def fake_step_model(config, layers: int, req: TraceRequest, trust: bool = False):
     """The model of `layers` blocks as `req`'s step runs it (weights' dtype, adapters, attention settings,
     checkpointing) under FakeTensorMode, in training mode, with a batch for it: what a trace runs its step on (here,
-    and AOTAutograd's capture in planner/memory/compiled.py)."""
+    and AOTAutograd's capture in planner/program/compiled.py)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.memory.step import enable_checkpointing, make_batch
-    from planner.models.build import build_meta
 
     cfg = _prepare_config(config, layers, req)
     # adapters with a 16-bit computation: the frozen base in 16 bits, the adapters in fp32 (planner/models/adapters.py)
@@ -510,11 +512,6 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     allocator's slack over the step's own allocations; with `profile` the step's ops too."""
     import torch
 
-    from planner.memory.allocator import replay
-    from planner.memory.profile import OpRecorder
-    from planner.memory.step import forward_loss
-    from planner.memory.tracker import LiveStorageTracker
-    from planner.memory.whole_run import Template, block_regions
 
     tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
     recorder = OpRecorder(req.micro_batch, req.seq_len) if profile else None

@@ -9,6 +9,8 @@ import contextlib
 
 import torch
 
+from planner.models.validate import text_config
+from planner.program.tracker import LiveStorageTracker
 from planner.vocab import CHECKPOINTING, LABELS_OBJECTIVE, OPTIMIZER, TASK, task_of_class
 
 # Selective checkpointing is torch's per-op SAC with torchtitan's policy (torchtitan/models/llama3/infra/
@@ -72,7 +74,6 @@ def make_optimizer(model, name: str, *, foreach: bool | None = None):
 
 def make_batch(model, micro_batch: int, seq_len: int, device="cpu", objective: str = LABELS_OBJECTIVE) -> dict:
     """Random token ids and, for the labels objective, the labels the model's head trains on (`vocab.TASK`)."""
-    from planner.models.validate import text_config
 
     vocab = int(getattr(text_config(model.config), "vocab_size", 1000))
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
@@ -131,7 +132,6 @@ def cpu_step_peak(model, optimizer, batch: dict, autocast: str | None, grad_accu
     """Peak live bytes of a real training step on the CPU (parameters, buffers, batch and optimizer states counted),
     as the live-storage tracker sees it: a warm-up step (which creates the optimizer states), then the measured one
     of `grad_accum` micro-steps and the optimizer step."""
-    from planner.memory.tracker import LiveStorageTracker
 
     for _ in range(2):
         tracker = LiveStorageTracker()

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-from planner.vocab import FP32_COMPUTE
+from planner.vocab import CHECKPOINTING, FP32_COMPUTE
 
 _MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # op -> the two operand positions
 _ATTENTION_FORWARD = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -140,7 +140,7 @@ class Profile:
 
     def compiled(self, bytes_ratio: dict[str, float], kernel_ratio: dict[str, float]) -> "Profile":
         """This step under torch.compile: per phase, the memory-bound kernels' bytes and count scaled by Inductor's
-        fusion (planner/memory/compiled.py); GEMMs and attention unchanged. The host no longer runs the modules'
+        fusion (planner/program/compiled.py); GEMMs and attention unchanged. The host no longer runs the modules'
         Python nor the autograd engine op by op: Inductor's generated wrapper (Python) launches each kernel, GEMMs
         and attention included, so every launched kernel counts as one Python-issued kernel and views cost nothing."""
         memory = {}
@@ -283,7 +283,6 @@ ANALYTIC_MODULES_PER_BLOCK = 10
 
 def analytic_profile(spec, seq_len: int, checkpointing: str) -> tuple[Profile, int]:
     """A profile from the architecture's shapes, at micro-batch 1 (the fallback when tracing fails)."""
-    from planner.vocab import CHECKPOINTING
 
     profile, t, h = Profile(), seq_len, spec.hidden
     kv = spec.kv_heads * spec.head_dim

@@ -33,6 +33,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from planner.cache import load_json, store_json
+from planner.program.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE, _MATMULS
+from planner.program.step import forward_loss
+from planner.program.trace import fake_step_model, trace_key
 from planner.vocab import NO_CHECKPOINTING
 
 #: Seconds of the first compiled step per op of the joint forward+backward graph (Dynamo, AOTAutograd, Inductor's
@@ -141,7 +144,6 @@ def _nbytes(value) -> float:
 
 def _kind(node) -> str:
     """'view' (no kernel), 'extern' (a library call Inductor keeps), 'fusible', or 'other' (no tensor out)."""
-    from planner.memory.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE, _MATMULS
 
     if node.op != "call_function":
         return "other"
@@ -240,8 +242,6 @@ def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
     from torch._inductor.compile_fx import partition_fn as inductor_partition
     from torch.nn.utils.stateless import _reparametrize_module
 
-    from planner.memory.step import forward_loss
-    from planner.memory.trace import fake_step_model
 
     found: dict = {}
 
@@ -272,12 +272,11 @@ def compile_effect(config, config_hash: str, total_layers: int, req, trust: bool
     """The effect of compiling this program, measured at one and two blocks and one sample (cached on disk)."""
     from dataclasses import replace
 
-    from planner.memory.trace import _key
 
-    # CPU autocast's op lists: CUDA's (planner/memory/autocast.py re-registers autocast kernels) recurse under
+    # CPU autocast's op lists: CUDA's (planner/program/autocast.py re-registers autocast kernels) recurse under
     # AOTAutograd's functionalization; what is kept is the same program's two compilations compared
     req = replace(req, micro_batch=1, checkpointing=NO_CHECKPOINTING, grads_allocated=True, autocast_device="cpu")
-    key = f"compile-v{CACHE_VERSION}-" + _key(config_hash, 2, req)
+    key = f"compile-v{CACHE_VERSION}-" + trace_key(config_hash, 2, req)
     stored = load_json("traces", key)
     if stored is not None:
         return CompileEffect.from_json(stored)

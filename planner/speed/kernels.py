@@ -1,0 +1,179 @@
+"""A micro-step's time from its traced op profile: a per-kernel roofline on the GPU, beside the CPU's dispatch.
+
+GEMMs run by shape (wave quantization over the GPU's SMs and tile size, NVIDIA's "Matrix Multiplication Background"
+guide, sections 3.1-3.2, and the pipeline fill of a short K loop), fused attention kernels by FLOPs and bytes, every
+other kernel by the bytes it moves; each at max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth), the
+achievable figures being the GPU's measured ones (planner/hardware/efficiency.json). Eager PyTorch dispatches every op
+from the CPU, which runs ahead asynchronously: the micro-step takes the longer of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.config import Config
+from planner.hardware import GPU
+from planner.hardware.efficiency_data import Efficiency
+from planner.models.spec import ModelSpec
+from planner.program.profile import ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile
+from planner.vocab import CHECKPOINTING, FP32_COMPUTE, PRECISION
+
+#: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
+#: its pipeline, whose fill and drain cost a few slices. Chosen against XLA's measured H100 GEMM table
+#: (efficiency.json, H100-80GB shape_table_xla_sm90: 4096x4096 at K 256/512/1024/4096 run 392/543/677/783 TFLOPS),
+#: a GEMM micro-benchmark, not an end-to-end row; tests/test_throughput.py checks the shape model against it.
+K_HALF = 128
+
+
+#: Smaller cuBLAS tiles waste less of a small GEMM but run below the largest tiles' rate: efficiency taken as
+#: (tile area / 256x128) ** TILE_EXPONENT (same table: 256x4096x4096 reaches 412 TFLOPS only through small tiles).
+TILE_EXPONENT = 0.25
+
+
+#: What any GEMM kernel takes however small (prologue, K-loop fill, epilogue): the same table's smallest GEMM,
+#: 256x256x256, runs at 6.45 TFLOPS, i.e. 5.2 us.
+GEMM_LATENCY_S = 5.0e-6
+
+
+def compute_dtype(precision: str, half: bool) -> str:
+    """The GEMM dtype (an efficiency.json key) of a traced op: 16-bit ops run in the precision's 16-bit dtype,
+    fp32 ops in fp32 (TF32 off, torch's default), or on TF32 tensor cores under the tf32 precision."""
+    info = PRECISION[precision]
+    if info.tf32:
+        return info.compute
+    return info.compute if half and info.compute != FP32_COMPUTE else FP32_COMPUTE
+
+
+def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> float:
+    """Fraction of a large GEMM's rate this shape reaches: the best tile's wave quantization times tile size, and
+    the K loop's pipeline fill."""
+    best = 0.0
+    for tm, tn in eff.tiles:
+        tiles = b * math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / eff.sm_count)
+        size = (tm * tn / (256 * 128)) ** TILE_EXPONENT
+        best = max(best, tiles / (waves * eff.sm_count) * size)
+    return best * k / (k + K_HALF)
+
+
+def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> float:
+    """A large GEMM's fraction of peak. A 16-bit GEMM with a dimension that is not a multiple of 8 elements (16
+    bytes: NVIDIA's Matrix Multiplication Background guide, 'Tensor Core Requirements') runs cuBLAS's narrower-load
+    kernels, at the rate measured for their alignment (efficiency.json, benchmarks/derive_misaligned.py): an odd
+    dimension the align1 kernels of GPT-2's 50257-token LM head, an even one the align2 kernels of BERT's 30522."""
+    alignment = min(_alignment(int(round(d))) for d in (m, n, k))
+    if elem_bytes == 2 and alignment < TENSOR_CORE_ALIGNMENT:
+        return eff.misaligned if alignment == 1 else eff.misaligned_align2
+    return eff.matmul[dtype]
+
+
+#: Elements a 16-bit GEMM dimension must be a multiple of for cuBLAS's full-width tensor-core kernels.
+TENSOR_CORE_ALIGNMENT = 8
+
+
+def _alignment(dim: int) -> int:
+    """The largest power of two up to TENSOR_CORE_ALIGNMENT that divides `dim`."""
+    alignment = 1
+    while alignment < TENSOR_CORE_ALIGNMENT and dim % (2 * alignment) == 0:
+        alignment *= 2
+    return alignment
+
+
+def gemm_seconds(b, m, n, k, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: int) -> float:
+    fraction = gemm_fraction(m, n, k, dtype, eff, elem_bytes)
+    peak = gpu.peak_tflops_for(dtype) * 1e12 * fraction * gemm_efficiency(b, m, n, k, eff)
+    moved = (b * (m * k + k * n + m * n)) * elem_bytes
+    return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + GEMM_LATENCY_S
+
+
+def bandwidth(gpu: GPU, eff: Efficiency) -> float:
+    return gpu.hbm_bandwidth_GBps * 1e9 * eff.hbm
+
+
+def host_link(gpu: GPU, eff: Efficiency) -> float:
+    """Bytes/s pinned copies achieve between host and GPU."""
+    return gpu.host_bandwidth_GBps * 1e9 * eff.pcie
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    gpu_s: float
+    cpu_s: float
+
+    @property
+    def seconds(self) -> float:
+        """The CPU dispatches asynchronously: the longer of the two is the micro-step."""
+        return max(self.gpu_s, self.cpu_s)
+
+
+def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
+    """The CPU's side of a micro-step: every kernel launched (from Python or the autograd engine), every view op
+    (Python's cost more: argument parsing), every nn.Module call, every op a selective-checkpointing policy's Python
+    dispatch mode handles."""
+    d = profile.dispatch
+    us = (d.get(PY_KERNELS, 0.0) * eff.dispatch_us + d.get(ENGINE_KERNELS, 0.0) * eff.engine_dispatch_us
+          + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
+          + d.get(MODULE_CALLS, 0.0) * eff.module_call_us + d.get(POLICY_OPS, 0.0) * eff.checkpoint_policy_op_us)
+    return us * 1e-6
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """A micro-step's GPU kernel time by kind: GEMMs, fused attention kernels, every other (memory-bound) kernel."""
+    gemm_s: float
+    attention_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s
+
+
+def device_time(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency, tp: int = 1,
+                tp_share: float = 1.0) -> DeviceTime:
+    """The GPU's side of `micro_step`, by kind of kernel."""
+    gemm_s = attention_s = memory_s = 0.0
+    for count, dims, dtype, _phase, scaled in profile.gemms():
+        dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
+        cdtype = compute_dtype(precision, dtype == HALF)
+        seconds = gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
+        gemm_s += count * (seconds if tp == 1 else max(seconds / tp, GEMM_LATENCY_S))
+    for key, (fl, scaled, fixed, count) in profile.attention.items():
+        peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
+        moved = scaled * scale + fixed
+        attention_s += max(fl * scale / peak / tp, moved / bandwidth(gpu, eff) / tp, count * eff.launch_us * 1e-6)
+    for scaled, fixed, count in profile.memory.values():  # streaming time plus each kernel's fixed cost
+        memory_s += (scaled * scale + fixed) * tp_share / bandwidth(gpu, eff) + count * eff.launch_us * 1e-6
+    return DeviceTime(gemm_s=gemm_s, attention_s=attention_s, memory_s=memory_s)
+
+
+def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency,
+               checkpointed_blocks: int = 0, tp: int = 1, tp_share: float = 1.0) -> MicroStep:
+    """Time of one traced micro-step, `scale` times the traced micro-batch's tokens. The profile was traced with
+    the configuration's own program (weights' dtype, autocast), so its ops carry their real dtypes; 16-bit ops
+    run at the precision's 16-bit peak. Each of `checkpointed_blocks` adds torch.utils.checkpoint's host
+    bookkeeping beyond the recomputed ops (`Efficiency.checkpoint_block_us`). With `tp`-way tensor parallelism every
+    GEMM and attention kernel does 1/tp of the work on each GPU and the other kernels move `tp_share` of their bytes
+    (the replicated norms and residual stay whole); the host still issues every kernel. A memory-bound kernel takes
+    its streaming time plus its fixed cost (`Efficiency.launch_us`: launch, ramp-up and tail, the per-kernel floor of
+    a queue of tiny kernels), the latency-bandwidth form. The larger of the two, which torchao's roofline takes
+    (torchao/testing/training/roofline_utils.py `get_tensor_memory_traffic_ovhd_s`), leaves the mid-sized kernels
+    of small HF steps without the cost they pay on top of their bytes."""
+    gpu_s = device_time(profile, scale, precision, gpu, eff, tp, tp_share).seconds
+    cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
+    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
+
+
+#: QLoRA dequantises each 4-bit weight to the compute dtype before its matmul, in the forward and again for the
+#: backward's input gradient (bitsandbytes/autograd/_functions.py `MatMul4Bit.forward` / `.backward`:
+#: `F.dequantize_4bit(B, quant_state)` then a 16-bit matmul); a checkpointed forward dequantises once more.
+DEQUANTIZE_PASSES = 2
+
+
+def dequantize_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:
+    """One micro-step's 4-bit dequantisation: each pass reads the packed weights and writes a 16-bit copy."""
+    if not spec.quantized_parameters:
+        return 0.0
+    passes = DEQUANTIZE_PASSES + int(CHECKPOINTING[cfg.checkpointing].enabled)
+    return passes * (spec.quantized_bytes + 2 * spec.quantized_parameters) / bandwidth(gpu, eff)

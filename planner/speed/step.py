@@ -1,0 +1,162 @@
+"""An optimizer step's time: grad_accum micro-steps, the optimizer, the communication and offload they do not hide,
+and torch.compile's compile time spread over the run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from planner.config import Config
+from planner.hardware import GPU
+from planner.hardware.efficiency_data import Efficiency
+from planner.models.spec import ModelSpec
+from planner.program.compiled import BACKWARD, COMPILED_DEVICE_RESIDUAL, FORWARD, CompileEffect
+from planner.program.profile import Profile
+from planner.speed.communication import communication_seconds, offload_seconds, tensor_parallel_seconds
+from planner.speed.kernels import dequantize_seconds, micro_step
+from planner.speed.optimizer import optimizer_seconds
+from planner.vocab import CHECKPOINTING, FUSED_STEP, AdamStep
+
+class StepParts(BaseModel):
+    """Seconds per optimizer step, by what they are spent on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    compute: float = 0.0
+    optimizer: float = 0.0
+    communication: float = 0.0
+    offload: float = 0.0
+    #: torch.compile's first-step compile time spread over the run's optimizer steps (0: eager, or run length unknown)
+    compile: float = 0.0
+    #: that first step's compile time itself, paid once per run (not part of `total`)
+    compile_once: float = 0.0
+    #: one micro-step's GPU kernel time and CPU dispatch time as modelled, before any probe calibration (`compute`
+    #: takes the longer per micro-step; not part of `total`)
+    micro_gpu: float = 0.0
+    micro_cpu: float = 0.0
+
+    def bound(self) -> str | None:
+        """What binds a micro-step as modelled: the GPU's kernels or the CPU's dispatch of them (None: not
+        modelled, as for a measured step)."""
+        if not (self.micro_gpu or self.micro_cpu):
+            return None
+        return "CPU-bound" if self.micro_cpu > self.micro_gpu else "GPU-bound"
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.optimizer + self.communication + self.offload + self.compile
+
+
+class ThroughputInfo(BaseModel):
+    """A configuration's speed: tokens and samples per second, model FLOPs utilisation, the optimizer step's time and
+    where it goes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_s: float
+    samples_per_s: float
+    mfu: float
+    step_time_s: float
+    #: model: the speed model alone; calibrated: the model rescaled by this GPU's probes; probe: measured;
+    #: probe+model: measured on fewer ranks, the modelled communication added
+    source: Literal["model", "calibrated", "probe", "probe+model"] = "model"
+    parts: StepParts = StepParts()
+
+
+def matmul_parameters(spec: ModelSpec) -> int:
+    """Parameters that take part in matmuls per token: all but the embedding lookups, plus the LM head
+    when it shares the embedding; for MoE only the experts a token is routed to."""
+    params = spec.active_parameters - spec.embedding_parameters
+    if spec.tied_embeddings and spec.vocab and spec.has_lm_head:
+        params += spec.vocab * spec.hidden
+    if spec.num_experts > 1 and not spec.expert_parameters:  # experts not found by name: from the config's shapes
+        per_expert = (3 if spec.gated_mlp else 2) * spec.hidden * spec.ffn
+        params -= spec.layers * per_expert * (spec.num_experts - spec.experts_per_token)
+    return max(params, 1)
+
+
+def flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
+    """Model FLOPs per token as (dense, attention), for MFU: 6N and 12·L·h·s (PaLM appendix B). Frozen weights
+    (adapters training) skip their weight-gradient matmuls: 4 FLOPs per frozen matmul parameter, not 6."""
+    matmul = matmul_parameters(spec)
+    frozen = max(0, matmul - spec.trainable_parameters)
+    return 6.0 * matmul - 2.0 * frozen, 12.0 * spec.layers * spec.hidden * seq_len
+
+
+def compiled_profile(profile: Profile, effect: CompileEffect) -> Profile:
+    """The eager step's profile under torch.compile: Inductor's fusion of the memory-bound kernels per phase."""
+    phases = (FORWARD, BACKWARD)
+    return profile.compiled({p: effect.phase(p).bytes_ratio for p in phases},
+                            {p: effect.phase(p).kernel_ratio for p in phases})
+
+
+@dataclass(frozen=True)
+class SpeedSetup:
+    """What a step is timed on besides its configuration: the model at its sequence length, the GPU with its measured
+    rates, the node, the optimizer and how an Adam-family one runs (`vocab.ADAM_STEP`: the emitted files' fused
+    kernel by default), and the run's optimizer steps (over which torch.compile's compile time is spread)."""
+
+    spec: ModelSpec
+    gpu: GPU
+    eff: Efficiency
+    seq_len: int
+    gpus_per_node: int
+    optimizer: str
+    adam_step: AdamStep = FUSED_STEP
+    train_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """The op profile of a configuration's micro-step, traced at `micro_batch`; `tp_share`: the share of the unsplit
+    model's activation bytes a tensor-parallel rank keeps; `compile_effect`: what torch.compile changes (None: eager,
+    or a graph that could not be captured)."""
+
+    profile: Profile
+    micro_batch: int
+    tp_share: float = 1.0
+    compile_effect: CompileEffect | None = None
+
+
+def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputInfo:
+    """The optimizer step's time for `cfg`. A compiled step runs Inductor's fused kernels, and its checkpointed blocks
+    recompute inside the compiled backward graph, without torch.utils.checkpoint's host work; its device time carries
+    the measured residual (planner/program/compiled.py `COMPILED_DEVICE_RESIDUAL`)."""
+    spec, gpu, eff, profile = setup.spec, setup.gpu, setup.eff, traced.profile
+    blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
+    compile_once, residual = 0.0, 1.0
+    if cfg.compiled and traced.compile_effect is not None:
+        profile, blocks, residual = compiled_profile(profile, traced.compile_effect), 0, COMPILED_DEVICE_RESIDUAL
+        compile_once = traced.compile_effect.compile_seconds(spec.layers)
+    micro = micro_step(profile, cfg.micro_batch / traced.micro_batch, cfg.precision, gpu, eff, blocks,
+                       cfg.tensor_parallel, traced.tp_share)
+    extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, setup.seq_len,
+                                                                               setup.gpus_per_node, gpu, eff)
+    micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
+    backward = micro.seconds * _backward_share(profile)
+    parts = StepParts(
+        compute=cfg.grad_accum * micro.seconds,
+        optimizer=optimizer_seconds(spec, cfg, setup.optimizer, gpu, eff, setup.gpus_per_node, setup.adam_step),
+        communication=communication_seconds(spec, cfg, setup.gpus_per_node, backward, micro.seconds, gpu, eff),
+        offload=offload_seconds(spec, cfg, gpu, eff),
+        compile=compile_once / setup.train_steps if setup.train_steps else 0.0, compile_once=compile_once,
+        micro_gpu=micro.gpu_s, micro_cpu=micro.cpu_s)
+    total = parts.total
+    tokens = cfg.global_batch * setup.seq_len
+    dense, attn = flops_per_token(spec, setup.seq_len)
+    peak = gpu.peak_tflops(cfg.precision) * 1e12
+    return ThroughputInfo(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
+                          mfu=(dense + attn) * tokens / total / (cfg.world_size * peak), step_time_s=total, parts=parts)
+
+
+def _backward_share(profile: Profile) -> float:
+    """The backward's share of a micro-step's GEMM FLOPs (the time collectives can hide behind)."""
+    total = backward = 0.0
+    for count, dims, _dtype, phase, _scaled in profile.gemms():
+        work = count * math.prod(dims)
+        total += work
+        backward += work if phase == "backward" else 0.0
+    return backward / total if total else 2.0 / 3.0
