@@ -209,7 +209,6 @@ def _run(flags: Flags, script_args: list[str]) -> None:
     options = _emit_options(flags, request.nodes)
     emit_dir = flags.emit_dir
     if emit_dir is not None:
-
         check_destination(emit_dir, flags.force)
     result = _run_plan(request, _prober(flags.probe, flags.probe_budget, flags.gpu), flags.probe_budget)
     if flags.launch and emit_dir is None:
@@ -217,7 +216,6 @@ def _run(flags: Flags, script_args: list[str]) -> None:
 
         emit_dir = Path(tempfile.mkdtemp(prefix="trainplan-"))
     if emit_dir is not None:
-
         result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
     command = _launch_command(emit_dir, script_args) if flags.launch else None
     _print_plan(result, flags.as_json)
@@ -246,7 +244,6 @@ def _compare(flags: Flags, script_args: list[str]) -> None:
         sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows]}, indent=2) + "\n")
         return
     from rich.console import Console
-
 
     Console(highlight=False).print(comparison_table(rows, flags.train_tokens, bool(prices)))
 
@@ -310,7 +307,6 @@ def _launch_command(folder: Path, script_args: list[str]) -> list[str]:
 def _launch(command: list[str], dry_run: bool) -> None:
     import shlex
 
-
     if dry_run:
         sys.stdout.write(shlex.join(command) + "\n")
         return
@@ -332,7 +328,6 @@ def _prober(probe: bool | None, budget: float, gpu: str | None):
             raise InputError("there is no CUDA GPU here to probe on", flag="--probe", hint="Use --no-probe.")
         return None
     if gpu:
-
         local = detect_gpus()
         if local is None or local.gpu.name != lookup_gpu(gpu).name:
             if probe:
@@ -368,7 +363,6 @@ def _print_plan(result, as_json: bool) -> None:
         return
     from rich.console import Console
 
-
     render_plan(result, Console(highlight=False))
 
 
@@ -395,11 +389,9 @@ def _listing(models: bool, as_json: bool) -> None:
     from rich.table import Table
 
     if models:
-
         rows = [{"id": p.id, "aliases": list(p.aliases), "parameters": p.published_parameters} for p in presets()]
         headers = ("id", "aliases", "published parameters")
     else:
-
         rows = [{"name": g.name, "memory_GiB": round(g.memory_gib, 1), "bf16": g.bf16,
                  "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp16": g.peak_tflops_fp16} for g in catalog()]
         headers = ("name", "memory GiB", "bf16", "bf16 TFLOPS", "fp16 TFLOPS")

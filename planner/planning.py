@@ -138,7 +138,6 @@ def _accepts_loss_kwargs(resolved) -> bool:
     """The Trainer's own test (transformers/trainer.py, "Model introspection")."""
     import inspect
 
-
     cls = model_class(resolved.config, resolved.trust_remote_code)
     cls = getattr(cls, "auto", cls)
     if hasattr(cls, "accepts_loss_kwargs"):

@@ -162,7 +162,6 @@ class LoadedPlan:
             return model
         import torch
 
-
         half = self.choice.half_dtype()
         return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
 

@@ -179,7 +179,6 @@ def _needed_bytes(candidate) -> tuple:
 
 
 
-
 def probes_table(plan) -> Table:
     """Each probe: what the model predicted before it, and what it measured."""
     table = Table(title="Probes: predicted before vs measured", title_justify="left", box=None, pad_edge=False)

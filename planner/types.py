@@ -184,7 +184,6 @@ class Plan(BaseModel):
 
         from rich.console import Console
 
-
         out = io.StringIO()
         render_plan(self, Console(file=out, width=width, highlight=False, color_system=None, force_terminal=False))
         return out.getvalue()

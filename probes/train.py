@@ -67,7 +67,6 @@ def build_model(plan, config, trust_remote_code: bool):
     DeepSpeed ZeRO-3, whose zero.Init partitions it as it is built)."""
     import torch
 
-
     cls = model_class(config, trust_remote_code)
     cfg = plan.choice
     device = "cpu"
@@ -125,7 +124,6 @@ def _fsdp_on_cpu(trainer, cfg) -> None:
     (transformers/trainer.py `create_accelerator_and_postprocess`)."""
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-
     state = trainer.accelerator.state
     if cfg.engine != FSDP or state.distributed_type == DistributedType.FSDP:
         return
@@ -145,7 +143,6 @@ def profiled(path: str | None, steps: int, cuda: bool):
         return
     from torch.profiler import ProfilerActivity, profile
 
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         yield
@@ -160,7 +157,6 @@ def train(plan, args) -> Measurement:
 def _train(plan, args) -> Measurement:
     import torch
     from transformers import Trainer
-
 
     cfg = plan.choice
     cuda = torch.cuda.is_available()

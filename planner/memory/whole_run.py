@@ -326,7 +326,6 @@ def evaluation_runs(evaluation, cfg):
     cannot be had."""
     from dataclasses import replace
 
-
     resolved = evaluation.resolved
     spec = resolved.spec
     if (evaluation.objective != LABELS_OBJECTIVE or cfg.engine != TORCH or cfg.tensor_parallel > 1 or cfg.compiled

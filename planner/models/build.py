@@ -99,7 +99,6 @@ def build_meta(config, *, layers: int | None = None, trust_remote_code: bool = F
         model = cls._from_config(cfg, **_from_config_kwargs(cfg, dtype or torch.float32))
         _untie_t5_v11_head(model, cfg)
         if adapter is not None:
-
             model = apply_adapter(model, adapter, task_of_class(type(model).__name__), mixed_dtype).get_base_model()
     return model
 

@@ -242,7 +242,6 @@ def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
     from torch._inductor.compile_fx import partition_fn as inductor_partition
     from torch.nn.utils.stateless import _reparametrize_module
 
-
     found: dict = {}
 
     def partitioned(joint, inputs, **kwargs):
@@ -271,7 +270,6 @@ def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
 def compile_effect(config, config_hash: str, total_layers: int, req, trust: bool = False) -> CompileEffect:
     """The effect of compiling this program, measured at one and two blocks and one sample (cached on disk)."""
     from dataclasses import replace
-
 
     # CPU autocast's op lists: CUDA's (planner/program/autocast.py re-registers autocast kernels) recurse under
     # AOTAutograd's functionalization; what is kept is the same program's two compilations compared

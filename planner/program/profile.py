@@ -112,7 +112,6 @@ class Profile:
         return Profile(mix_dict(self.matmuls, other.matmuls), mix_dict(self.attention, other.attention),
                        mix_dict(self.memory, other.memory), mix_dict(self.dispatch, other.dispatch))
 
-
     def scaled_add(self, other: "Profile", factor: float, *, matmul_factor: float | None = None,
                    attention: bool = True, policy: bool = False) -> "Profile":
         """This profile plus `factor` x the forward entries of `other` (recomputation of blocks), matmuls at

@@ -480,7 +480,6 @@ def fake_step_model(config, layers: int, req: TraceRequest, trust: bool = False)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-
     cfg = _prepare_config(config, layers, req)
     # adapters with a 16-bit computation: the frozen base in 16 bits, the adapters in fp32 (planner/models/adapters.py)
     half = getattr(torch, req.half_dtype)
@@ -511,7 +510,6 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     """Peak bytes above params + grads (+ optimizer states) of one fwd+bwd with `layers` blocks, and the
     allocator's slack over the step's own allocations; with `profile` the step's ops too."""
     import torch
-
 
     tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
     recorder = OpRecorder(req.micro_batch, req.seq_len) if profile else None
