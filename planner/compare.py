@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict
 
 from planner.errors import InputError, NoFitError
 from planner.hardware import lookup_gpu
-from planner.planning import plan
+from planner.planning import plan_request
+from planner.request import PlanRequest
 from planner.types import Plan
 
 
@@ -50,31 +51,27 @@ def parse_prices(items: list[str]) -> dict[str, float]:
     return prices
 
 
-def compare_gpus(model, global_batch: int, gpus: list[str], *, train_tokens: float | None = None,
-                 prices: dict[str, float] | None = None, progress: Callable[[str], None] | None = None,
-                 **plan_kwargs) -> list[GpuComparison]:
-    """Plan the same job on each GPU (gpus_per_node and nodes as given, per GPU kind). A GPU on which nothing fits
-    is a row with its reason; a bad GPU name or bad input fails the whole comparison (InputError)."""
-
-    if train_tokens is not None and not train_tokens > 0:
-        raise InputError(f"must be a positive number of tokens, got {train_tokens}", flag="--train-tokens")
+def compare_gpus(request: PlanRequest, gpus: list[str], *, prices: dict[str, float] | None = None,
+                 progress: Callable[[str], None] | None = None) -> list[GpuComparison]:
+    """Plan the request on each GPU (its gpus_per_node and nodes, per GPU kind), the local GPU ignored; with its
+    `train_tokens`, the run's time (and cost, with `prices`). A GPU on which nothing fits is a row with its reason; a
+    bad GPU name or bad input fails the whole comparison (InputError)."""
     names = [lookup_gpu(g).name for g in gpus]  # unknown names fail fast, before any planning
     if len(set(names)) != len(names) or not names:
         raise InputError("name each GPU once", flag="--compare-gpus", hint="e.g. A100-80GB,H100-80GB,L40S-48GB")
     unknown = set(prices or {}) - set(names)
     if unknown:
         raise InputError(f"a price for {', '.join(sorted(unknown))}, which is not compared", flag="--price")
-    plan_kwargs = {k: v for k, v in plan_kwargs.items() if k not in ("gpu", "detect")}
     rows = []
     for name in names:
         if progress:
             progress(name)
         try:
-            result = plan(model, global_batch, gpu=name, detect=False, train_tokens=train_tokens, **plan_kwargs)
+            result = plan_request(request.model_copy(update={"gpu": name}), detect=False)
         except NoFitError as err:
             rows.append(GpuComparison(gpu=name, error=err.message))
             continue
-        rows.append(_priced(name, result, train_tokens, (prices or {}).get(name)))
+        rows.append(_priced(name, result, request.train_tokens, (prices or {}).get(name)))
     return rows
 
 

@@ -60,6 +60,20 @@ class Config(BaseModel):
             message = first["msg"].removeprefix("Value error, ")
             raise ValueError(f"{where}: {message}" if where else message) from None
 
+    @classmethod
+    def problem_of(cls, **fields) -> str | None:
+        """`problem` of a combination (engine, stage, offload, precision, world size, ...) before its batch split."""
+        split = dict(micro_batch=1, grad_accum=1, checkpointing="none", tensor_parallel=1, compiled=False)
+        return cls.model_construct(**{**split, **fields}).problem()
+
+    @staticmethod
+    def sharding_redundant(world_size: int, zero_stage: int, offload: str) -> str | None:
+        """Why sharding is not worth planning here, or None: on one GPU there is nothing to shard across, so ZeRO
+        only helps by moving the optimizer to the host."""
+        if world_size == 1 and zero_stage > 0 and not OFFLOAD[offload].optimizer_on_cpu:
+            return "ZeRO on one GPU only helps with offload"
+        return None
+
     def problem(self) -> str | None:
         """Why this combination cannot run, or None."""
         engine = ENGINE[self.engine]

@@ -41,10 +41,11 @@ class NoFitError(TrainplanError):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, suggestions: list[str] | None = None, plan=None):
+    def __init__(self, message: str, *, suggestions: list[str] | None = None, plan=None, levers=()):
         super().__init__(message)
         self.suggestions = suggestions or []
         self.plan = plan  # the (rejected) Plan, so renderers can show every candidate and why it failed
+        self.levers = tuple(levers)  # the suggestions as typed records (planner.notes.Lever)
 
     def __str__(self) -> str:
         lines = [self.message] + [f"  - {s}" for s in self.suggestions]

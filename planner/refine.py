@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.config import Config
+from planner.notes import Verdict, note
 from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, SpeedCalibration, ThroughputInfo
 from planner.vocab import OK, OOM
 
@@ -163,10 +164,8 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
                                     "method": "probe-calibrated",
                                     "terms": mem.terms.model_copy(update={"allocator_slack": slack,
                                                                           "error_margin": 0})})
-    fits = peak <= budget
-    reason = (f"fits (calibrated by probes): peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB" if fits else
-              f"estimated peak {peak / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB (calibrated by probes)")
-    return cand.model_copy(update={"memory": memory, "fits": fits, "reason": reason})
+    verdict = Verdict(kind="fits" if peak <= budget else "over", peak=peak, budget=budget, method=memory.method)
+    return cand.model_copy(update={"memory": memory, "fits": verdict.fits, "verdict": verdict})
 
 
 def speed_calibrations_from(measured: dict) -> dict[str, SpeedCalibration]:
@@ -230,24 +229,18 @@ def _rerank(plan, measured: dict, records: list[ProbeRecord]):
     ranked = probed_ok + [c for c in rest if c.fits] + [c for c in rest if not c.fits]
     spent = sum(r.measurement.seconds for r in records)
     cached = sum(1 for r in records if r.measurement.cached)
-    note = (f"Probes: {len(records)} run ({cached} from cache) in {spent:.0f} s; "
-            f"{len(probed_ok)} confirmed by measurement.")
-    for speed in speeds.values():
-        note += (f" Measured/modelled time on this GPU, {speed.precision} precision: micro-step "
-                 f"x{speed.micro_step:.2f}, optimizer step x{speed.optimizer_step:.2f} (median of {speed.probes}); "
-                 f"its unprobed candidates re-timed with it.")
-    if speeds and any(c.config.precision_family() not in speeds for c in updated):
-        note += " Candidates of an unprobed precision keep the model's times."
+    probes = note("probes", run=len(records), cached=cached, seconds=spent, confirmed=len(probed_ok),
+                  unprobed_precision=bool(speeds) and any(c.config.precision_family() not in speeds for c in updated))
     table = {Config.family_text(fam): c for fam, c in calibration.items()}
     return plan.model_copy(update={"choice": ranked[0], "candidates": tuple(ranked), "probes": tuple(records),
                                    "calibration": table,
                                    "speed_calibration": speeds.get(ranked[0].config.precision_family()),
-                                   "speed_calibrations": tuple(speeds.values()), "notes": plan.notes + (note,)})
+                                   "speed_calibrations": tuple(speeds.values()), "notes": plan.notes + (probes,)})
 
 
 def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     if result.status == OOM:
-        return cand.model_copy(update={"fits": False, "reason": "OOM in a probe (measured)"})
+        return cand.model_copy(update={"fits": False, "verdict": Verdict(kind="probe-oom")})
     if result.status != OK:
         return cand
     mem = cand.memory
@@ -268,7 +261,6 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     throughput = ThroughputInfo(tokens_per_s=tokens_per_step / step_s, samples_per_s=cfg.global_batch / step_s,
                                 mfu=model_tp.mfu * (model_tp.step_time_s / step_s), step_time_s=step_s,
                                 source=source)
-    fits = peak <= budget
-    reason = (f"measured: peak {peak / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB budget" if fits
-              else f"OOM by measurement: peak {peak / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB")
-    return cand.model_copy(update={"memory": memory, "throughput": throughput, "fits": fits, "reason": reason})
+    verdict = Verdict(kind="fits" if peak <= budget else "over", peak=peak, budget=budget, method=memory.method)
+    return cand.model_copy(update={"memory": memory, "throughput": throughput, "fits": verdict.fits,
+                                   "verdict": verdict})

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from planner.models.adapters import Adapter
-from planner.vocab import ESTIMATE
+from planner.notes import Lever, Note, Verdict
+from planner.vocab import DEEPSPEED, ESTIMATE
 
 GiB = 2**30
 _PARTS = (("parameters", "params", "cyan"), ("gradients", "grads", "magenta"),
@@ -44,10 +47,10 @@ def memory_bar(mem, card_bytes: int, budget: int, width: int = 50) -> Text:
 
 
 def legend(mem) -> Text:
-    text = Text()
+    text = Text("GiB: ")
     for field, label, color in _PARTS:
         text.append("■ ", style=color)
-        text.append(f"{label} {gib(getattr(mem, field))}   ")
+        text.append(f"{label} {getattr(mem, field) / GiB:.1f} ")
     return text
 
 
@@ -59,42 +62,46 @@ def _trained(m) -> list[str]:
     share = f"{m.trainable_parameters / 1e6:.3g}M trainable ({m.trainable_parameters / m.parameters:.2%})"
     if m.adapter is None:
         return [f"{head}; {share}, the rest frozen"]
-
     return [f"{head}; {Adapter.from_json(m.adapter).label()}: {share}"]
 
 
-def summary(plan) -> Panel:
+def _host(h) -> str:
+    return f"host RAM {h.host_memory_bytes / 1e9:,.0f} GB per node, {h.host_memory_source}"
+
+
+def summary(plan, explain: bool = False) -> Panel:
+    """The answer at a glance; with `explain`, the model's and the hardware's details and where the step goes."""
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg, tp = c.config, c.throughput
-    lines = [
-        f"[bold]{m.name}[/]  {m.parameters / 1e9:.3g}B params, {m.layers} layers, hidden {m.hidden}, "
-        f"vocab {m.vocab}, seq {plan.seq_len}",
-        *_trained(m),
-        f"[bold]{h.nodes} x {h.gpus_per_node} x {h.gpu}[/] ({gib(h.gpu_memory_bytes)} each"
-        f"{', detected' if h.detected else ''}; budget {gib(h.budget_bytes)} after {h.headroom:.0%} headroom; "
-        f"host RAM {gib(h.host_memory_bytes)} per node, {h.host_memory_source}"
-        + (f"; network {h.network_Gbps:g} Gb/s per GPU, {h.network_source}" if h.nodes > 1 else "") + ")",
-        "",
-        f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
-        f"{cfg.global_batch}[/]",
-        f"precision [bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], "
-        f"{cfg.parallelism_label()}, offload [bold]{cfg.offload}[/]"
-        + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)" if c.memory.cpu_offload_bytes else "")
-        + (", [bold]torch.compile[/]" if cfg.compiled else ""),
-        f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, {tp.samples_per_s:.2f} samples/s, MFU {tp.mfu:.0%}, "
-        f"step {tp.step_time_s:.2f} s  [dim](source: {tp.source}; memory: {c.memory.method})[/]",
-        *step_breakdown(tp, cfg.grad_accum),
-        _closeness(c.memory, h),
-    ]
+    model = f"{m.name}  {m.parameters / 1e9:.3g}B params, {m.layers} layers, seq {plan.seq_len}"
+    gpus = (f"{h.nodes} x {h.gpus_per_node} x {h.gpu}{' (detected)' if h.detected else ''}: budget "
+            f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}")
+    offload = f"offload {cfg.offload}" + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)"
+                                          if c.memory.cpu_offload_bytes else "")
+    lines = [escape(model), *map(escape, _trained(m)), escape(gpus) + (f"; {_host(h)}" if explain else ""),
+             "",
+             f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
+             f"{cfg.global_batch}[/]",
+             f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
+             + offload + (", [bold]torch.compile[/]" if cfg.compiled else ""),
+             f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
+             f"({_speed_source(tp.source)})",
+             _closeness(c.memory, h)]
+    if explain:
+        lines[0] += f", hidden {m.hidden}, vocab {m.vocab}"
+        lines[2:2] = [f"network {h.network_Gbps:g} Gb/s per GPU, {escape(h.network_source)}"] if h.nodes > 1 else []
+        lines += step_breakdown(tp, cfg.grad_accum)
     if plan.lr.learning_rate is not None:
         lines.append(f"learning rate {plan.lr.learning_rate:.3g} = {plan.lr.base_lr:.3g} x {plan.lr.factor:.3g} "
                      f"({plan.lr.scaling} scaling from batch {plan.lr.reference_batch})")
-    else:
-        lines.append(f"learning rate: scale your base LR by {plan.lr.factor:.3g} ({plan.lr.scaling} rule, "
-                     f"tuned at batch {plan.lr.reference_batch}; pass --lr to compute it)")
     body = Group(Text.from_markup("\n".join(lines)), Text(""),
                  memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
     return Panel(body, title="trainplan", border_style="green")
+
+
+def _speed_source(source: str) -> str:
+    return {"model": "modelled", "calibrated": "modelled, calibrated by probes", "probe": "measured",
+            "probe+model": "measured, communication modelled"}[source]
 
 
 def fmt_seconds(x: float) -> str:
@@ -119,19 +126,39 @@ def step_breakdown(tp, grad_accum: int) -> list[str]:
 
 def _closeness(mem, hardware) -> str:
     """How close to the card the plan runs, and what the margin is for."""
-    text = (f"runs at {mem.peak / hardware.gpu_memory_bytes:.0%} of the card: predicted {gib(mem.peak_process)} "
-            f"(allocated {gib(mem.peak_allocated)}, reserved {gib(mem.peak_reserved)})")
+    text = (f"peak {mem.peak / GiB:.1f} of {gib(hardware.gpu_memory_bytes)} "
+            f"({mem.peak / hardware.gpu_memory_bytes:.0%})")
     if mem.margin:
-        text += f" + {gib(mem.margin)} margin for the model's measured error on activations"
+        text += f": {mem.peak_process / GiB:.1f} predicted + {mem.margin / GiB:.1f} margin for its error"
     return text
 
 
-def alternatives(plan, limit: int = 5) -> Table:
-    table = Table(title="Top alternatives (why each lost)", title_justify="left", expand=False)
-    for col in ("config", "tokens/s", "peak", "why not chosen"):
-        table.add_column(col)
-    best = plan.choice.throughput.tokens_per_s
-    shown, seen = 0, {plan.choice.config.family()}
+def _difference(cfg, choice) -> str:
+    """What sets a configuration apart from the chosen one, in a few words."""
+    parts = []
+    if (cfg.micro_batch, cfg.grad_accum) != (choice.micro_batch, choice.grad_accum):
+        parts.append(f"mb {cfg.micro_batch} x N {cfg.grad_accum}")
+    if cfg.precision != choice.precision:
+        parts.append(cfg.precision)
+    if cfg.checkpointing != choice.checkpointing:
+        parts.append(f"{cfg.checkpointing} ckpt")
+    if (cfg.zero_stage, cfg.engine, cfg.tensor_parallel) != (choice.zero_stage, choice.engine, choice.tensor_parallel):
+        parts.append(cfg.parallelism_label())
+    if cfg.offload != choice.offload:
+        parts.append(f"offload {cfg.offload}")
+    if cfg.compiled != choice.compiled:
+        parts.append("compiled" if cfg.compiled else "eager")
+    return ", ".join(parts) or cfg.label()
+
+
+def alternatives(plan, limit: int = 5, explain: bool = True) -> Table:
+    """The fastest runner-up of each kind of configuration, and why it lost."""
+    table = Table(title="Top alternatives (why each lost)", title_justify="left", expand=False,
+                  box=None if not explain else box.SQUARE, padding=(0, 1), show_edge=explain)
+    for col in ("config" if explain else "instead", "tokens/s", "peak", "why not chosen"):
+        table.add_column(col, no_wrap=not explain)
+    best, choice = plan.choice.throughput.tokens_per_s, plan.choice.config
+    shown, seen = 0, {choice.family()}
     for c in plan.candidates[1:]:
         if not c.fits:
             break
@@ -140,7 +167,8 @@ def alternatives(plan, limit: int = 5) -> Table:
         seen.add(c.config.family())
         slower = 1 - c.throughput.tokens_per_s / best
         why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more moving parts"
-        table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), gib(c.memory.peak), why)
+        label = c.config.label() if explain else _difference(c.config, choice)
+        table.add_row(escape(label), fmt_tokens(c.throughput.tokens_per_s), gib(c.memory.peak), why)
         shown += 1
         if shown >= limit:
             break
@@ -153,6 +181,16 @@ def rejected(plan, limit: int = 6) -> Table:
     table = Table(title="Faster options rejected (nearest miss of each kind)", title_justify="left", expand=False)
     for col in ("config", "tokens/s", "reason"):
         table.add_column(col)
+    for c in nearest_misses(plan)[:limit]:
+        table.add_row(escape(c.config.label()), fmt_tokens(c.throughput.tokens_per_s), escape(c.reason))
+    for c in plan.candidates:  # options the hardware rules out entirely (no bf16, ...)
+        if c.throughput is None and not c.fits:
+            table.add_row(escape(c.config.label()), "—", escape(c.reason))
+    return table
+
+
+def nearest_misses(plan) -> list:
+    """Per kind of configuration faster than the choice, its nearest miss; fastest kinds first."""
     best = plan.choice.throughput.tokens_per_s if plan.choice.fits else 0.0
     nearest: dict[tuple, object] = {}
     for c in plan.candidates:
@@ -161,12 +199,7 @@ def rejected(plan, limit: int = 6) -> Table:
         kind = c.config.family()
         if kind not in nearest or _needed_bytes(c) < _needed_bytes(nearest[kind]):
             nearest[kind] = c
-    for c in sorted(nearest.values(), key=lambda c: -c.throughput.tokens_per_s)[:limit]:
-        table.add_row(c.config.label(), fmt_tokens(c.throughput.tokens_per_s), c.reason)
-    for c in plan.candidates:  # options the hardware rules out entirely (no bf16, ...)
-        if c.throughput is None and not c.fits:
-            table.add_row(c.config.label(), "—", c.reason)
-    return table
+    return sorted(nearest.values(), key=lambda c: -c.throughput.tokens_per_s)
 
 
 def _needed_bytes(candidate) -> tuple:
@@ -222,27 +255,245 @@ def _duration(hours: float) -> str:
     return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
 
 
-def render_plan(plan, console: Console) -> None:
-    console.print(summary(plan))
+def render_plan(plan, console: Console, explain: bool = False) -> None:
+    """The plan: the answer, its memory, the runners-up and the notes that change what to do; with `explain` every
+    table and note."""
+    console.print(summary(plan, explain))
     if plan.probes:
         console.print(probes_table(plan))
-    alt = alternatives(plan)
+        for speed in plan.speed_calibrations:
+            console.print(f"measured/modelled on this GPU, {speed.precision} precision: micro-step "
+                          f"x{speed.micro_step:.2f}, optimizer step x{speed.optimizer_step:.2f} (median of "
+                          f"{speed.probes} probes)")
+    alt = alternatives(plan, limit=5 if explain else 3, explain=explain)
     if alt.row_count:
         console.print(alt)
-    rej = rejected(plan)
-    if rej.row_count:
-        console.print(rej)
-    for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}")
+    if explain:
+        rej = rejected(plan)
+        if rej.row_count:
+            console.print(rej)
+    else:
+        misses = nearest_misses(plan)
+        if misses:
+            c = misses[0]
+            console.print(f"faster but over the budget: {escape(_difference(c.config, plan.choice.config))} "
+                          f"({fmt_tokens(c.throughput.tokens_per_s)} tokens/s): {escape(c.reason)}")
+    shown = [n for n in plan.notes if explain or n.actionable]
+    for note in shown:
+        console.print(f"[yellow]note:[/] {escape(note_text(note))}")
+    if len(shown) < len(plan.notes):
+        console.print(f"[dim]{len(plan.notes) - len(shown)} more note(s) and every alternative: --explain[/]")
     for path in plan.files:
-        console.print(f"[dim]wrote[/] {path}")
+        console.print(f"[dim]wrote[/] {escape(path)}")
 
 
 def render_no_fit(err, console: Console) -> None:
-    console.print(f"[bold red]No configuration fits.[/] {err.message}")
+    console.print(f"[bold red]No configuration fits:[/] {escape(err.message)}")
     if err.plan is not None and err.plan.candidates:
         closest = min(err.plan.candidates, key=_needed_bytes)
-        console.print(f"Closest: {closest.config.label()} — {closest.reason}")
+        console.print(f"Closest: {escape(closest.config.label())} — {escape(closest.reason)}")
     console.print("[bold]What would fit:[/]")
     for s in err.suggestions:
-        console.print(f"  • {s}")
+        console.print(f"  • {escape(s)}")
+
+
+def no_fit_message(plan) -> str:
+    h = plan.hardware
+    return (f"{plan.model.name} on {h.gpus_per_node * h.nodes} x {h.gpu} at global batch "
+            f"{plan.choice.config.global_batch}, sequence {plan.seq_len}")
+
+
+# --- the sentences of typed notes, verdicts and suggestions (planner/notes.py)
+
+def verdict_text(v: Verdict) -> str:
+    """A candidate's verdict in words that say how sure we are: "OOM" only for a traced or measured peak."""
+    if v.kind == "hardware":
+        return v.problem
+    if v.kind == "probe-oom":
+        return "OOM in a probe (measured)"
+    if v.kind == "host-over":
+        return f"offload needs {gib(v.peak)} of host memory per node > {gib(v.budget)}"
+    if v.kind == "states-over":
+        return f"model states alone {gib(v.peak)} > budget {gib(v.budget)}"
+    measured, calibrated = v.method == "probe", v.method == "probe-calibrated"
+    if v.kind == "fits":
+        if measured:
+            return f"measured: peak {gib(v.peak)} of {gib(v.budget)} budget"
+        if calibrated:
+            return f"fits (calibrated by probes): peak {gib(v.peak)} of {gib(v.budget)}"
+        return f"fits: peak {gib(v.peak)} of {gib(v.budget)} budget"
+    info = ESTIMATE[v.method]
+    if measured:
+        return f"OOM by measurement: peak {gib(v.peak)} > budget {gib(v.budget)}"
+    if calibrated:
+        return f"estimated peak {gib(v.peak)} > budget {gib(v.budget)} (calibrated by probes)"
+    if info.exact:
+        return f"OOM by {gib(v.peak - v.budget)}: peak {gib(v.peak)} > budget {gib(v.budget)}"
+    if info.lower_bound:
+        return f"needs at least {gib(v.peak)} (model states alone) > budget {gib(v.budget)}"
+    return f"estimated peak {gib(v.peak)} > budget {gib(v.budget)} ({v.method}; not traced)"
+
+
+def _seconds(x) -> str:
+    return f"{x:.3g} s"
+
+
+def _compile_text(n: Note) -> str:
+    v = n.values
+    text = (f"torch.compile (Inductor): step {_seconds(v['compiled_s'])} compiled vs {_seconds(v['eager_s'])} eager "
+            f"({v['eager_s'] / v['compiled_s']:.2f}x, modelled); the first step compiles for about "
+            f"{v['compile_s']:.0f} s")
+    if v["repaid_steps"] is not None:
+        text += f", repaid after {v['repaid_steps']:,.0f} steps"
+    if n.kind == "compile":
+        return text + (f"; over this run's {v['run_steps']:,} steps eager is faster." if v["run_steps"] else ".")
+    saved = v["saved_bytes"]
+    kept = (f" Inductor's partitioner keeps {saved / 2**30:.2f} GiB less for the backward (it recomputes elementwise "
+            "values); the memory planned is eager's: on the CPU the step's peak fell by 0.6-1.5x that "
+            "(benchmarks/compile_cpu.py)." if saved > 0 else "")
+    return f"Compiled. {text}.{kept} Keep the batch shapes fixed (pad to one length): a new shape recompiles."
+
+
+def _loss_scaling_text(n: Note) -> str:
+    v = n.values
+    if v["engine"] == DEEPSPEED:
+        rule = (f"DeepSpeed's dynamic scale starts at 2^{v['initial_scale_power']}, halves on an overflow after "
+                f"{v['hysteresis']} in a row (the step is skipped), doubles after {v['loss_scale_window']} clean "
+                f"steps, never below {v['min_loss_scale']}")
+    else:
+        rule = (f"torch's GradScaler starts at {v['init_scale']:.0f}, halves on inf/NaN gradients (the step is "
+                f"skipped), doubles after {v['growth_interval']} clean steps")
+    return (f"fp16 loss scaling: {rule}; gradients are clipped to {v['clip_grad_norm_after_unscale']} after unscaling "
+            "(plan.json 'loss_scaling'). A few skipped steps early on are normal; if the loss goes NaN or the scale "
+            "keeps falling, lower the LR or lengthen warmup, keep clipping, and use bf16 where the GPU has it.")
+
+
+_PITFALL = ("averaging each micro-batch's mean loss and dividing by N weights the tokens of short micro-batches more "
+            "than those of long ones")
+
+NOTE_TEXT = {
+    "reference-gpu": lambda v: f"No GPU detected and no --gpu given: planning for the reference {v['gpu']}.",
+    "no-bf16": lambda v: (f"{v['gpu']} has no bf16 (compute capability {v['compute_capability']}): mixed precision "
+                          "is fp16 with dynamic loss scaling."),
+    "tf32-gain": lambda v: (f"{v['gpu']} has TF32 tensor cores: --precision tf32 keeps fp32 weights, gradients and "
+                            "memory and runs the matmuls on them (10-bit mantissa inputs, fp32 accumulation): step "
+                            f"{v['tf32_step_s']:.2f} s instead of {v['step_s']:.2f} s, {v['gain']:.2f}x faster "
+                            "(modelled)."),
+    "no-tp-plan": lambda v: (f"No tensor parallelism: {v['architecture']} has no tensor-parallel plan in this "
+                             "transformers (config.base_model_tp_plan), which accelerate's TP needs."),
+    "no-tp-size": lambda v: f"No tensor parallelism: no size divides {v['kv_heads']} key/value heads.",
+    "tensor-parallel": lambda v: (
+        f"Tensor parallel {v['tp']} x FSDP2 {v['dp']}."
+        + (f" It runs {v['speedup']:.2f}x the tokens/s of the fastest plan without tensor parallelism ({v['plain']}): "
+           f"each GPU keeps 1/{v['tp']} of every layer's activations, so larger micro-batches fit, and FSDP gathers "
+           f"1/{v['tp']} of the weights over fewer ranks." if v["speedup"] else "")
+        + " Load the model with from_pretrained(..., tp_plan=\"auto\") under the launcher "
+          "(plan.from_pretrained_kwargs()); the Trainer then builds accelerate's ParallelismConfig from it, as "
+          "accelerate_config.yaml says."),
+    "no-pipeline": lambda v: ("Pipeline parallelism (layers split across nodes) is not planned: transformers and "
+                              "accelerate have no pipeline schedule for training HF models; it would be needed where a "
+                              "model's layers do not fit a node even fully sharded (use torchtitan or Megatron-LM "
+                              "there)."),
+    "host-assumed": lambda v: (f"Offload holds {v['offload_bytes'] / 2**30:.1f} GiB per node in host RAM; it was "
+                               f"checked against an assumed {v['host_bytes'] / 2**40:.0f} TiB node (DGX); give "
+                               "--host-memory GB for yours."),
+    "moe-zero3": lambda v: (f"Mixture of experts under ZeRO-3: {v['experts_per_token']} of {v['experts']} experts run "
+                            "per token in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 "
+                            "leaf (deepspeed.utils.set_z3_leaf_modules): entering it gathers all its experts at once. "
+                            "Without plan.prepare, call that yourself."),
+    "qlora-ddp-only": lambda v: f"Only DDP was planned: {v['problem']}.",
+    "qlora-prepare": lambda v: ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps "
+                                "the unquantised weights 16-bit. peft's prepare_model_for_kbit_training (TRL's "
+                                "SFTTrainer calls it for a 4-bit model) upcasts them, and so the logits, to fp32: 4.3 "
+                                "GB more for Mistral-7B at micro-batch 4 x 4096 in fms-acceleration's published runs "
+                                "(benchmarks/peft_memory.py); pass the prepared PeftModel instead."),
+    "compile-not-weighed": lambda v: ("torch.compile not weighed: --compile auto weighs its compile time against what "
+                                      "it saves per step once the run's length is given (--train-steps or "
+                                      "--train-tokens); --compile on plans it."),
+    "compile-not-captured": lambda v: ("torch.compile: the model's graph could not be captured here, so a compiled "
+                                       "step is modelled as the eager one."),
+    "loss-normalised": lambda v: (f"Loss over the {v['grad_accum']} accumulated micro-batches: the Trainer (and the "
+                                  "shipped script) divides each micro-batch's summed token loss by the labelled tokens "
+                                  f"of all {v['grad_accum']} (num_items_in_batch), so the step's gradient is that of "
+                                  f"one batch of {v['global_batch']}; {_PITFALL}. In a loop of your own, pass "
+                                  "num_items_in_batch=<labelled tokens of the step> to the model."),
+    "loss-averaged": lambda v: (f"Loss over the {v['grad_accum']} accumulated micro-batches: {v['architecture']} "
+                                f"takes no num_items_in_batch, so the Trainer averages per-micro-batch means: "
+                                f"{_PITFALL}. Pass a compute_loss_func that sums token losses and divides by the "
+                                "step's tokens."),
+    "optimizer-not-implemented": lambda v: (f"{v['optimizer']}: planned for memory and speed; no library here "
+                                            "implements it, so --emit refuses (the files would train another "
+                                            "optimizer)."),
+    "optimizer-client": lambda v: (f"{v['optimizer']}: the Trainer has no name for it; training_args.json's optim is a "
+                                   f"placeholder: pass Trainer(..., optimizers=(plan.create_optimizer(model), None)) "
+                                   f"({v['client']}; the shipped script does). Warm up whenever the LR is scaled up."),
+    "qlora-not-probed": lambda v: ("QLoRA plans are not probed: the probe's model has random weights, which "
+                                   "bitsandbytes does not quantise (it quantises a checkpoint as it loads it); the "
+                                   "plan is the model's."),
+    "missing-package": lambda v: (f"The plan needs {v['package']}, which is not installed here: {v['install']} "
+                                  "(on the machine that trains)."),
+    "probes": lambda v: (f"Probes: {v['run']} run ({v['cached']} from cache) in {v['seconds']:.0f} s; {v['confirmed']} "
+                         "confirmed by measurement; unprobed candidates of a probed precision re-timed with its "
+                         "measured/modelled ratios (the probes table)."
+                         + (" Candidates of an unprobed precision keep the model's times."
+                            if v["unprobed_precision"] else "")),
+    "no-lr": lambda v: (f"No --lr: the files keep the Trainer's default learning rate. If your LR was tuned at another "
+                        f"batch, pass --lr and --lr-batch to scale it ({v['scaling']} rule for {v['optimizer']})."),
+    "lr-warmup": lambda v: (f"LR scaled x{v['factor']:.1f}: warm up over {v['warmup_steps']} optimizer steps of the "
+                            f"run's {v['run_steps']} (Goyal et al. 2017)."),
+    "batchnorm": lambda v: (f"The model has BatchNorm: accumulation does not enlarge its batch, its statistics see "
+                            f"only the micro-batch ({v['micro_batch']} samples per GPU), not the global batch. Replace "
+                            "it with LayerNorm or GroupNorm, synchronise it across GPUs "
+                            "(torch.nn.SyncBatchNorm.convert_sync_batchnorm), or pin a larger --micro-batch."),
+}
+
+
+def note_text(n: Note) -> str:
+    if n.kind in ("compile", "compiled"):
+        return _compile_text(n)
+    if n.kind == "fp16-loss-scaling":
+        return _loss_scaling_text(n)
+    return NOTE_TEXT[n.kind](n.values)
+
+
+def _adapters_tried(v: dict) -> str:
+    """What LoRA (and, where LoRA did not fit, QLoRA) would need, as the suggestion lists them."""
+    methods = ("lora",) if v["fits"] == "lora" else ("lora", "qlora")
+    return "; ".join(f"{v[m + '_label']} (--peft {m}; {v[m + '_trainable'] / 1e6:.0f}M trainable) needs "
+                     f"{v[m + '_peak'] / GiB:.1f} GiB per GPU" for m in methods)
+
+
+def suggestion_text(s: Lever) -> str:
+    v = s.values
+    smallest = (f"The smallest configuration (micro-batch 1, full checkpointing, {v.get('precision')}"
+                f"{', ZeRO-3' if v.get('zero3') else ''}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
+    texts = {
+        "pinned": lambda: (f"{smallest} and fits the {v['budget'] / GiB:.1f} GiB budget: the choices you pinned "
+                           "(micro-batch, precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin "
+                           "fewer of them."),
+        "smallest": lambda: f"{smallest}; the budget is {v['budget'] / GiB:.1f} GiB.",
+        "more-gpus": lambda: (f"More GPUs: {v['gpus']} x {v['gpu']} ({v['nodes']} node(s) of {v['per_node']}) with "
+                              f"ZeRO-3 need {v['peak'] / GiB:.1f} GiB per GPU (the global batch must divide by "
+                              f"{v['gpus']})."),
+        "larger-gpu": lambda: (f"A larger GPU: {v['gpu']} ({v['gpu_gib']:.0f} GiB) holds the smallest configuration "
+                               f"({v['peak'] / GiB:.1f} GiB)."),
+        "offload-short": lambda: (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory "
+                                  f"still needs {v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB over the "
+                                  "budget."),
+        "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB) but needs "
+                                 f"{v['host_bytes'] / GiB:.0f} GiB of host memory, more than the "
+                                 f"{v['host_budget'] / GiB:.0f} GiB per node planned for (--host-memory)."),
+        "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {v['peak'] / GiB:.1f} "
+                            f"GiB per GPU and {v['host_bytes'] / GiB:.0f} GiB of host memory"
+                            f"{' (drop --no-offload)' if v['was_off'] else ''}."),
+        "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
+                               f"peak {v['peak'] / GiB:.1f} GiB fits (--optimizer adamw-8bit)."),
+        "adapters": lambda: "Adapters instead of full fine-tuning: " + _adapters_tried(v) + ", which fits.",
+        "adapters-short": lambda: "Adapters do not fit either: " + _adapters_tried(v) + ".",
+        "shorter-sequence": lambda: (f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
+                                     f"checkpointing (--seq-len {v['seq_len']})."),
+        "offload-shorter-sequence": lambda: (f"Offload and a shorter sequence: with optimizer and parameters in CPU "
+                                             f"memory, {v['seq_len']} tokens fit at micro-batch 1 with full "
+                                             f"checkpointing (--seq-len {v['seq_len']})."),
+    }
+    return texts[s.kind]()

@@ -18,11 +18,12 @@ from planner.errors import InputError
 from planner.hardware import GPU
 from planner.memory import states
 from planner.memory.estimate import Evaluation, MemoryEstimate
+from planner.notes import Verdict
 from planner.speed.model import SpeedModel
 from planner.types import Candidate
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, ENGINE, ESTIMATE, FSDP, NO_ADAPTER, NO_OFFLOAD,
-    OFFLOAD, PRECISION, TRACE, UNSHARDED_ENGINE,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD, PRECISION, TRACE,
+    UNSHARDED_ENGINE,
 )
 
 
@@ -58,28 +59,21 @@ def engine_for(zero_stage: int, sharding_engine: str) -> str:
     return UNSHARDED_ENGINE if zero_stage == 0 else sharding_engine
 
 
-def offloads_for(zero_stage: int, world_size: int, allowed: tuple[str, ...], engine: str) -> list[str]:
-    """The allowed offloads `engine` can do at this stage; ZeRO without offload buys nothing on one GPU."""
-    options = tuple(o for o in ENGINE[engine].offloads.get(zero_stage, ()) if o in allowed)
-    if zero_stage > 0 and world_size == 1:
-        options = tuple(o for o in options if OFFLOAD[o].optimizer_on_cpu)
-    return list(options)
-
-
 def enumerate_configs(space: SearchSpace) -> list[Config]:
+    """Every split of the batch with every combination of the space's choices that can run (`Config.problem`) and
+    is worth running (`Config.redundant`)."""
     per_gpu = space.global_batch // space.world_size
     mbs = [space.micro_batch] if space.micro_batch else divisors(per_gpu)
     out = []
     for zero in space.zero_stages:
         engine = engine_for(zero, space.engine)
-        if zero not in ENGINE[engine].zero_stages:
-            continue
         for precision in space.precisions:
-            if zero > 0 and not PRECISION[precision].zero_engines:
-                continue
-            for off in offloads_for(zero, space.world_size, space.offloads, engine):
-                configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, world_size=space.world_size,
-                                  precision=precision, checkpointing=ckpt, zero_stage=zero, offload=off, engine=engine)
+            for off in space.offloads:
+                fields = dict(world_size=space.world_size, precision=precision, zero_stage=zero, offload=off,
+                              engine=engine)
+                if Config.problem_of(**fields) or Config.sharding_redundant(space.world_size, zero, off):
+                    continue
+                configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, checkpointing=ckpt, **fields)
                            for mb in mbs for ckpt in space.checkpointing]
                 out += _runnable(configs, space)
     out += _tensor_parallel_configs(space)
@@ -185,20 +179,9 @@ class MemoryEvaluator:
         return self.evaluation.combine(cfg, int(act / ANALYTIC_MAX_OVERESTIMATE), "analytic-screen")
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def judge(cfg: Config | None, mem: MemoryEstimate, budget: int) -> tuple[bool, str]:
-    """Fits or not, and the reason in words that say how sure we are: "OOM" only for a traced or measured peak."""
-    if mem.peak <= budget:
-        return True, f"fits: peak {_gib(mem.peak)} of {_gib(budget)} budget"
-    info = ESTIMATE[mem.method]
-    if info.exact:
-        return False, f"OOM by {_gib(mem.peak - budget)}: peak {_gib(mem.peak)} > budget {_gib(budget)}"
-    if info.lower_bound:
-        return False, f"needs at least {_gib(mem.peak)} (model states alone) > budget {_gib(budget)}"
-    return False, f"estimated peak {_gib(mem.peak)} > budget {_gib(budget)} ({mem.method}; not traced)"
+def judge(mem: MemoryEstimate, budget: int) -> Verdict:
+    """Fits or not: the peak against the budget, and how the peak was had (render.py says how sure that is)."""
+    return Verdict(kind="fits" if mem.peak <= budget else "over", peak=mem.peak, budget=budget, method=mem.method)
 
 
 #: Candidates whose predicted speeds differ by less than this ratio rank as equally fast. The same configuration
@@ -222,7 +205,7 @@ def rank(fitting: list[Candidate]) -> list[Candidate]:
 
 
 def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
-           host_budget: int | None = None) -> list[Candidate]:
+           host_budget: int | None = None, speed: SpeedModel | None = None) -> list[Candidate]:
     """All candidates, ranked: fitting ones by speed, then the rest; the first is the choice if it fits.
 
     Walks candidates from the fastest. Until one fits, each is rejected by model states alone (exact), screened
@@ -233,7 +216,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     if not configs:
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
                                                 "--precision, --engine, --optimizer).")
-    model_speed = SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)
+    model_speed = speed or SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)
     model_speed.prefetch(configs)
     speeds = {c: model_speed(c) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
@@ -243,20 +226,21 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
         speed = speeds[cfg]
         model_states = evaluator.states(cfg)
         if host_budget and model_states.cpu_bytes > host_budget:
+            verdict = Verdict(kind="host-over", peak=model_states.cpu_bytes, budget=host_budget)
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
-                                     reason=f"offload needs {_gib(model_states.cpu_bytes)} of host memory per node > "
-                                            f"{_gib(host_budget)}"))
+                                     verdict=verdict))
             continue
         if model_states.total > budget:
+            verdict = Verdict(kind="states-over", peak=model_states.total, budget=budget)
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
-                                     reason=f"model states alone {_gib(model_states.total)} > budget {_gib(budget)}"))
+                                     verdict=verdict))
             continue
         contender = best_speed is None or speed.tokens_per_s * SPEED_TIE >= best_speed
         mem = _evaluate(cfg, evaluator, budget, contender)
-        fits, reason = judge(cfg, mem, budget)
-        if fits and best_speed is None:
+        verdict = judge(mem, budget)
+        if verdict.fits and best_speed is None:
             best_speed = speed.tokens_per_s
-        results.append(Candidate(config=cfg, memory=mem, throughput=speed, fits=fits, reason=reason))
+        results.append(Candidate(config=cfg, memory=mem, throughput=speed, fits=verdict.fits, verdict=verdict))
     fitting = rank([c for c in results if c.fits])
     rest = [c for c in results if not c.fits]
     return fitting + rest

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from planner.config import Config
 from planner.export import accelerate_config, deepspeed_config, loss_scaling, peft_config, training_args
+from planner.hardware import GPU
 from planner.memory.estimate import MemoryEstimate
-from planner.render import render_plan
+from planner.notes import Note, Verdict
+from planner.render import note_text, render_plan, verdict_text
 from planner.speed.step import ThroughputInfo
 from planner.vocab import MeasurementStatus
 
 __all__ = ["Config", "Candidate", "ThroughputInfo", "Hardware", "LearningRate", "ModelInfo", "Measurement",
-           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "Plan"]
+           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "Requirement", "Plan"]
 
 
 class Candidate(BaseModel):
@@ -24,16 +26,21 @@ class Candidate(BaseModel):
     memory: MemoryEstimate | None
     throughput: ThroughputInfo | None
     fits: bool
-    reason: str
+    verdict: Verdict
     learning_rate: float | None = None   # the LR this candidate would train with (None without --lr)
     lr_scaling: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """The verdict in words."""
+        return verdict_text(self.verdict)
 
     def to_json(self) -> dict:
         data = _config_json(self.config)
         data.update(learning_rate=self.learning_rate, lr_scaling=self.lr_scaling,
                     memory=_memory_json(self.memory) if self.memory else None,
                     throughput=self.throughput.model_dump(mode="json") if self.throughput else None,
-                    fits=self.fits, reason=self.reason)
+                    fits=self.fits, reason=self.reason, verdict=self.verdict.model_dump())
         return data
 
 
@@ -53,7 +60,8 @@ class Hardware(BaseModel):
     #: "given" (--nic-gbps) or the system efficiency.json has it from (planner/hardware/efficiency_data.py)
     network_Gbps: float = 0.0
     network_source: str = ""
-    note: str = ""
+    reference: bool = False      # no GPU detected and none named: planned for the reference GPU
+    entry: GPU | None = Field(default=None, exclude=True)   # the catalog entry the plan was made for
 
 
 class LearningRate(BaseModel):
@@ -158,6 +166,16 @@ class SpeedCalibration(BaseModel):
     precision: str  # the precision family it re-times
 
 
+class Requirement(BaseModel):
+    """A package the chosen configuration needs beyond the base install, and whether it imports here."""
+
+    model_config = ConfigDict(frozen=True)
+
+    package: str
+    installed: bool
+    install: str
+
+
 class Plan(BaseModel):
     """The chosen configuration, why, and every candidate considered."""
 
@@ -171,7 +189,8 @@ class Plan(BaseModel):
     choice: Candidate
     candidates: tuple[Candidate, ...]
     lr: LearningRate
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
+    requirements: tuple[Requirement, ...] = ()
     files: tuple[str, ...] = ()
     probes: tuple[ProbeRecord, ...] = ()
     calibration: dict[str, FamilyCalibration] = {}
@@ -185,7 +204,8 @@ class Plan(BaseModel):
         from rich.console import Console
 
         out = io.StringIO()
-        render_plan(self, Console(file=out, width=width, highlight=False, color_system=None, force_terminal=False))
+        render_plan(self, Console(file=out, width=width, highlight=False, color_system=None, force_terminal=False),
+                    explain=True)
         return out.getvalue()
 
     def to_json(self) -> dict:
@@ -204,7 +224,9 @@ class Plan(BaseModel):
                            "step_time_s": tp.step_time_s, "source": tp.source,
                            "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()}},
             "candidates": [c.to_json() for c in self.candidates],
-            "notes": list(self.notes),
+            "notes": [note_text(n) for n in self.notes],
+            "advice": [n.model_dump() for n in self.notes],
+            "requirements": [r.model_dump() for r in self.requirements],
             "loss_scaling": self.loss_scaling(),
             "probes": [p.model_dump(mode="json") for p in self.probes],
             "calibration": {k: v.model_dump() for k, v in self.calibration.items()},

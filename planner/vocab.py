@@ -14,6 +14,21 @@ from typing import Literal, get_args
 
 
 @dataclass(frozen=True)
+class PackageInfo:
+    module: str        # what `import` names
+    install: str       # the command that installs it
+
+
+#: Packages a plan may need beyond the base install (each choice below names the ones it needs).
+PACKAGE: dict[str, PackageInfo] = {
+    "deepspeed": PackageInfo("deepspeed", 'pip install "trainplan[deepspeed]"'),
+    "peft": PackageInfo("peft", 'pip install "trainplan[peft]"'),
+    "bitsandbytes": PackageInfo("bitsandbytes", 'pip install "trainplan[bitsandbytes]"'),
+    "flash-attn": PackageInfo("flash_attn", "pip install flash-attn --no-build-isolation"),
+}
+
+
+@dataclass(frozen=True)
 class PrecisionInfo:
     doc: str
     weight_bytes: int          # bytes per stored parameter (and gradient) under the torch engine
@@ -98,6 +113,7 @@ class OptimizerInfo:
     client: str | None = None
     norm_passes: int = 0            # extra reads of weights and update per step (LAMB's per-layer trust ratio)
     warmup: bool = False            # meant to be used with LR warmup whenever the LR is scaled up
+    package: str | None = None      # what it needs installed (`PACKAGE`), None: torch or transformers
 
 
 #: state_bytes: adam/adamw exp_avg + exp_avg_sq (4 + 4); sgd-momentum momentum_buffer (4); lion exp_avg (4, Chen et al.
@@ -115,22 +131,24 @@ OPTIMIZER: dict[str, OptimizerInfo] = {
     "adafactor": OptimizerInfo("Adafactor: factored second moment, no first moment", 4, "sqrt", "adafactor",
                                torch_class="Adafactor", factored=True),
     "adamw-8bit": OptimizerInfo("bitsandbytes AdamW8bit: two uint8 states", 2, "sqrt", "adamw_bnb_8bit",
-                                adam_betas=True, follows_weights=False),
+                                adam_betas=True, follows_weights=False, package="bitsandbytes"),
     "paged-adamw-8bit": OptimizerInfo("bitsandbytes PagedAdamW8bit: AdamW8bit with states in CUDA unified memory, "
                                       "paged to the host under memory pressure (QLoRA's optimizer)", 2, "sqrt",
-                                      "paged_adamw_8bit", adam_betas=True, follows_weights=False),
+                                      "paged_adamw_8bit", adam_betas=True, follows_weights=False,
+                                      package="bitsandbytes"),
     # LAMB (You et al. 2020, arXiv 1904.00962, section 4: square-root LR scaling with linear-epoch warmup): Adam's two
     # moments and a per-layer trust ratio ||w|| / ||update||; the Trainer has no LAMB, bitsandbytes has
     # (bitsandbytes/optim/lamb.py `LAMB`), built by `plan.create_optimizer(model)`.
     "lamb": OptimizerInfo("LAMB: Adam moments with a per-layer trust ratio, for large batches (bitsandbytes' LAMB)", 8,
-                          "sqrt", None, adam_betas=True, client="bitsandbytes.optim.LAMB", norm_passes=2, warmup=True),
+                          "sqrt", None, adam_betas=True, client="bitsandbytes.optim.LAMB", norm_passes=2, warmup=True,
+                          package="bitsandbytes"),
     # Sophia (Liu et al. 2023, arXiv 2305.14342): a momentum and a diagonal Hessian estimate (two states), the
     # estimate refreshed every k = 10 steps by an extra backward; in none of torch, transformers, DeepSpeed or
     # bitsandbytes, so it is planned but not emitted.
     "sophia": OptimizerInfo("Sophia: momentum and a diagonal Hessian estimate (no library here implements it: planned, "
                             "not emitted)", 8, "sqrt", None),
     "lion": OptimizerInfo("Lion: sign update, one momentum state (bitsandbytes on the torch engine)", 4, "sqrt",
-                          "lion_32bit", deepspeed="Lion"),
+                          "lion_32bit", deepspeed="Lion", package="bitsandbytes"),
 }
 Optimizer = Literal[tuple(OPTIMIZER)]  # type: ignore[valid-type]
 DEFAULT_OPTIMIZER, ADAMW_8BIT = "adamw", "adamw-8bit"
@@ -259,6 +277,7 @@ class AttentionInfo:
     doc: str
     transformers: str          # config._attn_implementation
     saves_scores: bool         # keeps the s x s attention matrix for the backward
+    packages: tuple[str, ...] = ()   # what it needs installed (`PACKAGE`)
 
 
 ATTENTION: dict[str, AttentionInfo] = {
@@ -266,7 +285,7 @@ ATTENTION: dict[str, AttentionInfo] = {
     "sdpa": AttentionInfo("torch scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)", "sdpa",
                           False),
     "flash": AttentionInfo("the FlashAttention-2 package through transformers (`pip install flash-attn`; "
-                           "Ampere+ GPUs, fp16/bf16)", "flash_attention_2", False),
+                           "Ampere+ GPUs, fp16/bf16)", "flash_attention_2", False, ("flash-attn",)),
 }
 Attention = Literal[tuple(ATTENTION)]  # type: ignore[valid-type]
 EAGER, SDPA, FLASH = "eager", "sdpa", "flash"
@@ -301,6 +320,7 @@ class EngineInfo:
     stage_names: dict[int, str]                  # how a stage is called in this engine's own terms
     autocast: bool                               # mixed precision runs under torch.autocast (accelerate native_amp)
     half_working_copy: bool                      # mixed precision computes with 16-bit weights (no fp32 params)
+    packages: tuple[str, ...] = ()               # what it needs installed (`PACKAGE`)
 
 
 ENGINE: dict[str, EngineInfo] = {
@@ -313,7 +333,7 @@ ENGINE: dict[str, EngineInfo] = {
                             "parameters)", (1, 2, 3),
                             {1: ("none", "optimizer"), 2: ("none", "optimizer"),
                              3: ("none", "optimizer", "optimizer+params")}, "DEEPSPEED",
-                            {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}, False, True),
+                            {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}, False, True, ("deepspeed",)),
     # FSDP2 through accelerate: MixedPrecisionPolicy(param_dtype=bf16/fp16) gathers 16-bit weights, and accelerate
     # also wraps the forward in autocast (native_amp) (accelerate/utils/dataclasses.py
     # `FullyShardedDataParallelPlugin.set_mixed_precision`; accelerator.py `prepare_model`).
@@ -373,15 +393,16 @@ class AdapterInfo:
     doc: str
     trains_adapters: bool       # the base is frozen and low-rank adapters train (peft)
     quantized_base: bool        # the frozen base's linear weights are stored 4-bit (bitsandbytes NF4)
+    packages: tuple[str, ...] = ()   # what it needs installed (`PACKAGE`)
 
 
 #: What trains: the whole model, or adapters on a frozen (and maybe 4-bit) base.
 ADAPTER: dict[str, AdapterInfo] = {
     "none": AdapterInfo("full fine-tuning: every parameter trains", False, False),
     "lora": AdapterInfo("LoRA (Hu et al. 2021, arXiv 2106.09685) through peft: rank-r adapters on the chosen linears, "
-                        "the base frozen in the 16-bit compute dtype", True, False),
+                        "the base frozen in the 16-bit compute dtype", True, False, ("peft",)),
     "qlora": AdapterInfo("QLoRA (Dettmers et al. 2023, arXiv 2305.14314): LoRA over a base whose linear weights "
-                         "bitsandbytes stores in 4-bit NF4", True, True),
+                         "bitsandbytes stores in 4-bit NF4", True, True, ("peft", "bitsandbytes")),
 }
 AdapterMethod = Literal[tuple(ADAPTER)]  # type: ignore[valid-type]
 NO_ADAPTER = "none"

@@ -214,7 +214,7 @@ def test_the_plan_says_where_its_step_time_goes():
     assert parts["bound"] == ("CPU-bound" if parts["micro_cpu"] > parts["micro_gpu"] else "GPU-bound")
     assert tp["step_time_s"] == pytest.approx(sum(parts[k] for k in ("compute", "optimizer", "communication",
                                                                         "offload", "compile")))
-    text = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--micro-batch", "8").output
+    text = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--micro-batch", "8", "--explain").output
     assert f"step = {accum} micro-steps x" in " ".join(text.split()) and parts["bound"] in text
 
 

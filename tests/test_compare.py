@@ -8,12 +8,13 @@ import pytest
 
 from planner.compare import compare_gpus, parse_prices
 from planner.errors import InputError
+from planner.request import PlanRequest
 from tests.test_cli import invoke
 
 
 def test_each_gpu_gets_its_own_plan_time_and_cost():
-    rows = compare_gpus("gpt2", 64, ["A100-80GB", "T4-16GB"], gpus_per_node=2, train_tokens=1e8,
-                        prices={"A100-80GB": 2.0}, seq_len=1024)
+    request = PlanRequest(model="gpt2", global_batch=64, gpus_per_node=2, train_tokens=1e8, seq_len=1024)
+    rows = compare_gpus(request, ["A100-80GB", "T4-16GB"], prices={"A100-80GB": 2.0})
     a100, t4 = rows
     assert a100.plan.hardware.gpu == "A100-80GB" and t4.plan.hardware.gpu == "T4-16GB"
     assert a100.tokens_per_s > t4.tokens_per_s
@@ -22,9 +23,10 @@ def test_each_gpu_gets_its_own_plan_time_and_cost():
 
 
 def test_a_gpu_on_which_nothing_fits_is_a_row_not_a_failure():
-    rows = compare_gpus("meta-llama/Llama-3.1-8B", 8, ["T4-16GB", "H100-80GB"], gpus_per_node=8, seq_len=1024,
-                        offload=False)
-    assert rows[0].plan is None and "no configuration" in rows[0].error
+    request = PlanRequest(model="meta-llama/Llama-3.1-8B", global_batch=8, gpus_per_node=8, seq_len=1024,
+                          offload=False)
+    rows = compare_gpus(request, ["T4-16GB", "H100-80GB"])
+    assert rows[0].plan is None and "T4-16GB" in rows[0].error
     assert rows[1].plan is not None and rows[1].plan.choice.fits
 
 

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from emit import emit
 from planner import plan
 from planner.errors import InputError
-from planner.program.compiled import PERSISTENT_REDUCTION_MAX, CompileEffect, graph_cost
+from planner.program.compiled import CompileEffect, graph_cost
 
 F32 = 4
 
@@ -44,7 +44,7 @@ def test_a_value_used_after_a_library_call_starts_another_kernel():
     assert cost.fused_kernels == 2 and cost.extern_kernels == 1
 
 
-@pytest.mark.parametrize("width,reads", [(PERSISTENT_REDUCTION_MAX // 2, 1), (PERSISTENT_REDUCTION_MAX * 2, 2)])
+@pytest.mark.parametrize("width,reads", [(512, 1), (2048, 2)])  # Inductor keeps up to 1024 inner elements on chip
 def test_a_norm_over_a_long_row_reads_it_twice(width, reads):
     def norm(x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True))
@@ -117,20 +117,22 @@ def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run
 def test_auto_weighs_compiling_only_with_the_runs_length():
     unknown = plan("gpt2", 8, gpu="A100-80GB", seq_len=256)
     assert not any(c.config.compiled for c in unknown.candidates)
-    note = next(n for n in unknown.notes if n.startswith("torch.compile"))
-    assert "not weighed" in note and "--train-steps" in note
+    assert "compile-not-weighed" in {n.kind for n in unknown.notes}
     long = plan("gpt2", 2, gpu="H100-80GB", seq_len=128, train_steps=100_000)
     assert {c.config.compiled for c in long.candidates} == {False, True}
     assert long.choice.config.compiled  # a small step is host-bound eager: one launch per fused kernel pays
-    assert any(n.startswith("Compiled.") and "recompiles" in n for n in long.notes)
+    compiled = next(n for n in long.notes if n.kind == "compiled")
+    assert compiled["compiled_s"] < compiled["eager_s"] and compiled["repaid_steps"] < 100_000
     short = plan("gpt2", 2, gpu="H100-80GB", seq_len=128, train_steps=2)
     assert not short.choice.config.compiled  # two steps cannot repay the compile
-    assert any("eager is faster" in n for n in short.notes)
+    eager = next(n for n in short.notes if n.kind == "compile")
+    assert eager["run_steps"] == 2 and eager["repaid_steps"] > 2  # two steps cannot repay the compile time
     # a device-bound step gains less than the residual the published compiled steps show (planner/program/compiled.py)
     bound = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, train_steps=100_000)
     assert not bound.choice.config.compiled
     off = plan("gpt2", 8, gpu="A100-80GB", seq_len=256, train_steps=100_000, compile="off")
-    assert not any(c.config.compiled for c in off.candidates) and not any("torch.compile" in n for n in off.notes)
+    assert not any(c.config.compiled for c in off.candidates)
+    assert not {"compile", "compiled", "compile-not-weighed"} & {n.kind for n in off.notes}
 
 
 def test_compile_on_is_emitted_for_the_trainer_and_accelerate(tmp_path):

@@ -115,7 +115,7 @@ def test_oom_walks_down_with_few_probes(tiny_dir):
              measure=measure)
     assert 1 < len(calls) <= MAX_PROBES_PER_FAMILY  # one family here: at most 3 probes to find its micro-batch
     assert p.choice.config.micro_batch == 4 and p.choice.throughput.source == "probe"  # 16 OOM, 8 OOM, 4 fits
-    oomed = [c for c in p.candidates if c.reason == "OOM in a probe (measured)"]
+    oomed = [c for c in p.candidates if c.verdict.kind == "probe-oom"]
     assert oomed and all(not c.fits for c in oomed)
 
 
@@ -166,7 +166,7 @@ def test_probes_re_time_only_the_candidates_of_their_precision_family(tiny_dir):
         elif c.config.precision_family() != "mixed":
             assert c.throughput == before[c.config]
     assert any(c.throughput.source == "calibrated" for c in p.candidates)
-    assert "unprobed precision keep the model's times" in next(n for n in p.notes if n.startswith("Probes:"))
+    assert next(n for n in p.notes if n.kind == "probes")["unprobed_precision"] is True
     assert p.to_json()["speed_calibrations"] == [c.model_dump() for c in p.speed_calibrations]
 
 

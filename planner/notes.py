@@ -1,0 +1,132 @@
+"""What the planner tells the user, as typed records: a kind and its numbers. The sentences are written by
+planner/render.py; the JSON carries both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Value = int | float | str | bool | None
+
+
+@dataclass(frozen=True)
+class NoteInfo:
+    doc: str
+    actionable: bool   # it changes what the user should do: the default view shows it; `--explain` shows all
+
+
+#: Every kind of note a plan carries.
+NOTE: dict[str, NoteInfo] = {
+    "reference-gpu": NoteInfo("no GPU detected and none given: planned for the reference GPU", True),
+    "no-bf16": NoteInfo("the GPU has no bf16: mixed precision is fp16 with loss scaling", False),
+    "tf32-gain": NoteInfo("fp32 was asked for on a GPU with TF32: what --precision tf32 would gain", True),
+    "no-tp-plan": NoteInfo("the model has no tensor-parallel plan in this transformers", False),
+    "no-tp-size": NoteInfo("no tensor-parallel size divides the model's key/value heads", False),
+    "tensor-parallel": NoteInfo("the plan uses tensor parallelism: how to load the model for it", True),
+    "no-pipeline": NoteInfo("pipeline parallelism is not planned", False),
+    "host-assumed": NoteInfo("offload was checked against assumed host RAM", True),
+    "moe-zero3": NoteInfo("a mixture of experts under ZeRO-3: prepare marks its expert blocks as leaves", True),
+    "qlora-ddp-only": NoteInfo("QLoRA is planned on one GPU or DDP only", False),
+    "qlora-prepare": NoteInfo("QLoRA: load with bnb_config() and prepare(), not prepare_model_for_kbit_training", True),
+    "compile-not-weighed": NoteInfo("torch.compile was not weighed: the run's length is unknown", False),
+    "compile-not-captured": NoteInfo("the model's graph could not be captured: compiled is timed as eager", False),
+    "compile": NoteInfo("torch.compile against eager on the chosen configuration", False),
+    "compiled": NoteInfo("the plan compiles: its gain, compile time and shapes to keep fixed", True),
+    "loss-normalised": NoteInfo("the Trainer normalises the loss by the step's tokens", False),
+    "loss-averaged": NoteInfo("the model takes no num_items_in_batch: the loss is averaged per micro-batch", True),
+    "fp16-loss-scaling": NoteInfo("fp16's dynamic loss scaling policy", False),
+    "optimizer-not-implemented": NoteInfo("no library here implements the optimizer: planned, not emitted", True),
+    "optimizer-client": NoteInfo("the Trainer has no name for the optimizer: the script builds it", True),
+    "qlora-not-probed": NoteInfo("QLoRA plans are not probed", False),
+    "probes": NoteInfo("what the probes measured and how the rest was re-timed", False),
+    "missing-package": NoteInfo("the plan needs a package that does not import here", True),
+    "no-lr": NoteInfo("no --lr: the Trainer's default learning rate, no warmup", False),
+    "lr-warmup": NoteInfo("the LR was scaled up: warm up", True),
+    "batchnorm": NoteInfo("BatchNorm statistics see only the micro-batch", True),
+}
+NoteKind = Literal[tuple(NOTE)]  # type: ignore[valid-type]
+
+
+class Note(BaseModel):
+    """One note: its kind and the numbers (and names) its sentence is made of."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: NoteKind
+    values: dict[str, Value] = {}
+
+    def __getitem__(self, name: str) -> Value:
+        return self.values[name]
+
+    @property
+    def actionable(self) -> bool:
+        return NOTE[self.kind].actionable
+
+
+def note(kind: str, **values: Value) -> Note:
+    return Note(kind=kind, values=values)
+
+
+#: Why a candidate fits or not.
+VERDICT: dict[str, str] = {
+    "fits": "its peak is within the budget",
+    "over": "its peak is over the budget (how sure: the estimate's method)",
+    "states-over": "its model states alone are over the budget",
+    "host-over": "its offload needs more host RAM than a node has",
+    "hardware": "the GPU cannot run its precision or kernel",
+    "probe-oom": "a probe ran out of memory",
+}
+VerdictKind = Literal[tuple(VERDICT)]  # type: ignore[valid-type]
+
+
+class Verdict(BaseModel):
+    """A candidate's verdict: its kind, the peak against the budget and how that peak was had (`vocab.ESTIMATE`), or
+    the bytes needed against what there is, or the problem in words."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: VerdictKind
+    peak: int = 0
+    budget: int = 0
+    method: str = ""
+    problem: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.kind == "fits"
+
+
+#: What would fit when nothing does.
+LEVER: dict[str, str] = {
+    "pinned": "the smallest configuration fits: the pinned choices rule it out",
+    "smallest": "what the smallest configuration needs",
+    "more-gpus": "more GPUs with ZeRO-3",
+    "larger-gpu": "a larger GPU",
+    "offload-short": "full offload is still over the budget",
+    "offload-host": "full offload fits the GPU but not the host",
+    "offload": "full offload fits",
+    "adamw-8bit": "8-bit AdamW fits",
+    "adapters": "LoRA or QLoRA instead of full fine-tuning",
+    "adapters-short": "adapters do not fit either",
+    "shorter-sequence": "a shorter sequence fits",
+    "offload-shorter-sequence": "full offload and a shorter sequence fit",
+}
+LeverKind = Literal[tuple(LEVER)]  # type: ignore[valid-type]
+
+
+class Lever(BaseModel):
+    """One suggestion of what would fit: its kind and numbers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: LeverKind
+    values: dict[str, Value] = {}
+
+    def __getitem__(self, name: str) -> Value:
+        return self.values[name]
+
+
+def lever(kind: str, **values: Value) -> Lever:
+    return Lever(kind=kind, values=values)
