@@ -18,6 +18,7 @@ from planner import hardware as hw
 from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.hardware.efficiency_data import efficiency_of
+from planner.hardware.systems import usual_system
 from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
 from planner.memory.estimate import Evaluation
@@ -39,9 +40,6 @@ from planner.vocab import (
 #: Safety margin left free on the card beyond the predicted peak (whose fragmentation term models the caching
 #: allocator): covers run-to-run variation of the allocator and of NCCL/driver buffers.
 DEFAULT_HEADROOM = 0.05
-#: Host memory per node assumed for CPU offload when we plan for another machine: DGX H100/H200/B200 and DGX A100
-#: 640GB nodes have 2 TB (NVIDIA DGX H100 datasheet, "System memory: 2TB").
-DEFAULT_HOST_MEMORY_BYTES = 2 * 2**40
 
 
 @dataclass(frozen=True)
@@ -109,25 +107,27 @@ def resolve_hardware(request: PlanRequest, detect: bool) -> Hardware:
     budget = int(entry.memory_bytes * (1 - headroom))
     if is_local and detected.free_bytes:
         budget = min(budget, int(min(detected.free_bytes) * (1 - headroom)))
+    system = usual_system(entry.name)
     if request.host_memory is not None:
         host, source = request.host_memory, "given"
-    elif is_local:
-        host, source = _local_host_memory(), "this machine"
+    elif is_local and (local := _local_host_memory()):
+        host, source = local, "this machine"
     else:
-        host, source = DEFAULT_HOST_MEMORY_BYTES, "assumed"
+        host, source = system.host_bytes_for(count), "assumed"
     entry = entry.model_copy(update={"nic_Gbps": request.nic_gbps})
     network = efficiency_of(entry)
     return Hardware(gpu=entry.name, gpu_memory_bytes=entry.memory_bytes, gpus_per_node=count, nodes=request.nodes,
                     detected=is_local, budget_bytes=budget, headroom=headroom, host_memory_bytes=host,
-                    host_memory_source=source, network_Gbps=network.nic_GBps * 8, network_source=network.network,
+                    host_memory_source=source, host_system=system.system if source == "assumed" else "",
+                    network_Gbps=network.nic_GBps * 8, network_source=network.network,
                     reference=not request.gpu and not detected, entry=entry)
 
 
-def _local_host_memory() -> int:
+def _local_host_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return DEFAULT_HOST_MEMORY_BYTES
+        return None
 
 
 def resolve_job(request: PlanRequest, hardware: Hardware) -> Job:
@@ -287,7 +287,8 @@ def _host_note(hardware: Hardware, choice: Candidate) -> list[Note]:
     """Name the host RAM an offload plan was checked against when it was assumed, not measured or given."""
     if hardware.host_memory_source != "assumed" or not (choice.memory and choice.memory.cpu_offload_bytes):
         return []
-    return [note("host-assumed", offload_bytes=choice.memory.cpu_offload_bytes, host_bytes=hardware.host_memory_bytes)]
+    return [note("host-assumed", offload_bytes=choice.memory.cpu_offload_bytes, host_bytes=hardware.host_memory_bytes,
+                 system=hardware.host_system)]
 
 
 def _moe_note(spec, choice: Candidate) -> list[Note]:

@@ -14,7 +14,7 @@ from planner.notes import Lever, Note, Verdict
 from planner.vocab import DEEPSPEED, ESTIMATE
 
 GiB = 2**30
-_PARTS = (("parameters", "params", "cyan"), ("gradients", "grads", "magenta"),
+_PARTS = (("parameters", "param", "cyan"), ("gradients", "grad", "magenta"),
           ("optimizer_states", "optim", "yellow"), ("activations", "activ", "green"), ("overhead", "other", "red"),
           ("margin", "margin", "bright_black"))
 
@@ -66,7 +66,9 @@ def _trained(m) -> list[str]:
 
 
 def _host(h) -> str:
-    return f"host RAM {h.host_memory_bytes / 1e9:,.0f} GB per node, {h.host_memory_source}"
+    source = f"assumed: {h.host_system}; --host-memory sets it" if h.host_memory_source == "assumed" else \
+        h.host_memory_source
+    return f"host RAM {h.host_memory_bytes / 1e9:,.1f} GB per node ({source})"
 
 
 def summary(plan, explain: bool = False) -> Panel:
@@ -78,8 +80,7 @@ def summary(plan, explain: bool = False) -> Panel:
             f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}")
     offload = f"offload {cfg.offload}" + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)"
                                           if c.memory.cpu_offload_bytes else "")
-    lines = [escape(model), *map(escape, _trained(m)), escape(gpus) + (f"; {_host(h)}" if explain else ""),
-             "",
+    lines = [escape(model), *map(escape, _trained(m)), escape(gpus), escape(_host(h)), "",
              f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
              f"{cfg.global_batch}[/]",
              f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
@@ -89,7 +90,8 @@ def summary(plan, explain: bool = False) -> Panel:
              _closeness(c.memory, h)]
     if explain:
         lines[0] += f", hidden {m.hidden}, vocab {m.vocab}"
-        lines[2:2] = [f"network {h.network_Gbps:g} Gb/s per GPU, {escape(h.network_source)}"] if h.nodes > 1 else []
+        at = 3 + len(_trained(m))
+        lines[at:at] = [f"network {h.network_Gbps:g} Gb/s per GPU, {escape(h.network_source)}"] if h.nodes > 1 else []
         lines += step_breakdown(tp, cfg.grad_accum)
     if plan.lr.learning_rate is not None:
         lines.append(f"learning rate {plan.lr.learning_rate:.3g} = {plan.lr.base_lr:.3g} x {plan.lr.factor:.3g} "
@@ -395,7 +397,7 @@ NOTE_TEXT = {
                               "model's layers do not fit a node even fully sharded (use torchtitan or Megatron-LM "
                               "there)."),
     "host-assumed": lambda v: (f"Offload holds {v['offload_bytes'] / 2**30:.1f} GiB per node in host RAM; it was "
-                               f"checked against an assumed {v['host_bytes'] / 2**40:.0f} TiB node (DGX); give "
+                               f"checked against {v['host_bytes'] / 1e9:,.0f} GB, assumed from {v['system']}; give "
                                "--host-memory GB for yours."),
     "moe-zero3": lambda v: (f"Mixture of experts under ZeRO-3: {v['experts_per_token']} of {v['experts']} experts run "
                             "per token in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 "

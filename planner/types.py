@@ -56,6 +56,7 @@ class Hardware(BaseModel):
     headroom: float
     host_memory_bytes: int = 0   # per node, for CPU offload: this machine's RAM when planning for it
     host_memory_source: Literal["given", "this machine", "assumed"] = "assumed"
+    host_system: str = ""        # the usual system of the GPU whose host RAM was assumed (planner/hardware/systems.json)
     #: inter-node bandwidth per GPU (Gb/s per direction) the plan's collectives across nodes run at, and whose it is:
     #: "given" (--nic-gbps) or the system efficiency.json has it from (planner/hardware/efficiency_data.py)
     network_Gbps: float = 0.0

@@ -251,18 +251,37 @@ def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu
     assert err.value.flag == "--lr-batch" and "--lr-batch 256 keeps it as given" in err.value.hint
 
 
-def test_offload_is_checked_against_the_host_ram_given():
-    """bloom-560m on a Colab T4: the offload plan needs 12.5 GiB of host RAM, more than the ~12.7 GB VM has."""
-    assumed = plan("bigscience/bloom-560m", 256, gpu="T4-16GB")
-    needs = assumed.choice.memory.cpu_offload_bytes
-    assert needs > 12.7e9 and assumed.hardware.host_memory_source == "assumed"
-    assert note_of(assumed, "host-assumed")["offload_bytes"] == needs
+def test_offload_is_checked_against_the_host_ram_of_the_gpus_usual_system_or_the_one_given():
+    """bloom-560m on a T4: offload needs 12.5 GiB of host RAM, more than a Colab VM's 12.7 GB (assumed: the T4's
+    usual system) or the 12.7 GB given; with 64 GB given it is the fastest plan, and the plan says where RAM came
+    from."""
+    colab = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", seq_len=1024)
+    assert colab.hardware.host_memory_bytes == int(12.7e9) and "Colab" in colab.hardware.host_system
+    assert colab.hardware.host_memory_source == "assumed" and colab.choice.config.offload == "none"
+    offloading = [c for c in colab.candidates if c.config.offload != "none"]
+    assert offloading and all(c.verdict.kind == "host-over" for c in offloading)
+    roomy = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", seq_len=1024, host_memory=int(64e9))
+    needs = roomy.choice.memory.cpu_offload_bytes
+    assert roomy.hardware.host_memory_source == "given" and roomy.hardware.host_system == ""
+    assert 12.7e9 < needs < 64e9 and "host-assumed" not in kinds(roomy)
+
+
+def test_every_catalog_gpu_has_a_usual_system_with_its_host_ram_and_source():
+    from planner.hardware import catalog
+    from planner.hardware.systems import usual_system
+
+    for gpu in catalog():
+        system = usual_system(gpu.name)
+        assert system.source.startswith("https://") and system.quote and system.host_memory_bytes > 8e9
+    assert usual_system("H100-80GB").host_bytes_for(8) == 2 * 10**12  # DGX H100: "2 TB" of DIMMs, 8 GPUs
+    assert usual_system("A10G-24GB").host_bytes_for(4) == 4 * 16 * 2**30  # four g5.xlarge's worth
+
+
+def test_a_70b_model_does_not_fit_a_workstation_4090_by_offloading_into_ram_it_lacks():
     with pytest.raises(NoFitError) as err:
-        plan("bigscience/bloom-560m", 256, gpu="T4-16GB", host_memory=int(12.7e9))
-    rejected = [c for c in err.value.plan.candidates if c.config.offload != "none"]
-    assert rejected and all(not c.fits for c in rejected)
-    roomy = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", host_memory=int(64e9))
-    assert roomy.hardware.host_memory_source == "given" and "host-assumed" not in kinds(roomy)
+        plan("meta-llama/Llama-2-70b-hf", 16, gpu="RTX4090-24GB")
+    assert err.value.plan.hardware.host_memory_bytes == 48 * 10**9
+    assert any(lever.kind == "offload-host" for lever in err.value.levers)
 
 
 def test_explain_returns_the_view_as_plain_text():
