@@ -23,7 +23,7 @@ from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
 from planner.memory.estimate import Evaluation
 from planner.models import ResolvedModel, resolve_model
-from planner.models.build import model_class
+from planner.models.build import effective_attention, model_class
 from planner.notes import Note, Verdict, note
 from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 from planner.render import no_fit_message, suggestion_text
@@ -62,6 +62,14 @@ class Job:
     def spec(self):
         return self.resolved.spec
 
+    @property
+    def attention(self) -> str:
+        """The attention implementation the model really runs (SDPA asked of a model without it runs eager)."""
+        config = self.resolved.config
+        if config is None:
+            return self.request.attention
+        return effective_attention(config, self.request.attention, self.resolved.trust_remote_code)
+
 
 def plan(model, global_batch: int, *, measure: Callable | None = None, progress: Callable | None = None,
          probe_budget_s: float | None = None, detect: bool = True, **fields) -> Plan:
@@ -80,7 +88,7 @@ def plan_request(request: PlanRequest, *, measure: Callable | None = None, progr
                     host_budget=job.hardware.host_memory_bytes, speed=job.speed)
     ranked += hardware_rejections(request.precision, job.gpu, ranked[0])
     draft = Plan(model=ModelInfo.of(job.spec, job.seq_len, job.resolved.adapter), hardware=job.hardware,
-                 seq_len=job.seq_len, optimizer=request.optimizer, attention=request.attention, choice=ranked[0],
+                 seq_len=job.seq_len, optimizer=request.optimizer, attention=job.attention, choice=ranked[0],
                  candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=search_notes(job, ranked))
     if not ranked[0].fits:
         levers = suggestions(draft, job.evaluator, job.gpu)

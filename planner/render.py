@@ -291,12 +291,19 @@ def render_plan(plan, console: Console, explain: bool = False) -> None:
 
 def render_no_fit(err, console: Console) -> None:
     console.print(f"[bold red]No configuration fits:[/] {escape(err.message)}")
-    if err.plan is not None and err.plan.candidates:
-        closest = min(err.plan.candidates, key=_needed_bytes)
-        console.print(f"Closest: {escape(closest.config.label())} — {escape(closest.reason)}")
+    near = closest(err.plan) if err.plan is not None else None
+    if near is not None:
+        console.print(f"Closest: {escape(near.config.label())} — {escape(near.reason)}")
     console.print("[bold]What would fit:[/]")
     for s in err.suggestions:
         console.print(f"  • {escape(s)}")
+
+
+def closest(plan):
+    """The candidate nearest to fitting, among those whose peak was computed (traced, calibrated or measured): a
+    screen or a bound understates by design and would read as closer than the smallest configuration's own peak."""
+    computed = [c for c in plan.candidates if c.memory is not None and not ESTIMATE[c.memory.method].understated]
+    return min(computed, key=_needed_bytes) if computed else None
 
 
 def no_fit_message(plan) -> str:

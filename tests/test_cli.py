@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from planner import plan
 from planner.cli import app
+from planner.errors import NoFitError
 
 runner = CliRunner()
 
@@ -234,3 +236,44 @@ def test_the_step_breakdown_names_what_binds_and_only_the_parts_there_are():
     assert device == ["step = 4 micro-steps x 2.00 s (GPU-bound as modelled: GPU kernels 2.00 s, CPU dispatch "
                       "100 ms) + communication 1.50 s"]
     assert line() == []  # a measured throughput without parts
+
+
+def test_the_first_readme_command_fits_one_screen_at_80_columns():
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--model", "bigscience/bloom-560m", "--batch", "256"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.rstrip("\n").splitlines()
+    assert len(lines) <= 40 and max(len(line) for line in lines) <= 80, result.output
+    assert "micro-batch 2 x accumulation 128 x 1 GPU = 256" in result.output and "--explain" in result.output
+    full = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--model", "bigscience/bloom-560m", "--batch", "256",
+                                                          "--explain"])
+    assert len(full.output.splitlines()) > len(lines) and "Faster options rejected" in full.output
+
+
+def test_gpu_family_names_are_refused_alike_and_name_the_parts():
+    for family, parts in (("A100", ("A100-40GB", "A100-80GB")), ("H100", ("H100-80GB", "H100-PCIe-80GB"))):
+        result = invoke("--model", "gpt2", "--batch", "8", "--gpu", family)
+        assert result.exit_code == 2 and "ambiguous" in result.output and all(p in result.output for p in parts)
+
+
+def test_the_plan_names_the_attention_the_model_runs():
+    data = json.loads(invoke("--model", "bigscience/bloom-560m", "--batch", "8", "--seq-len", "256", "--gpu",
+                             "A100-80GB", "--json").stdout)
+    assert data["attention"] == "eager"  # BLOOM has no SDPA path in transformers: SDPA asked for runs eager
+
+
+def test_a_no_fit_names_a_closest_candidate_only_with_a_computed_peak():
+    import transformers
+
+    from planner.render import closest
+
+    config = transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=1000,
+                                      architectures=["BloomForCausalLM"])
+    with pytest.raises(NoFitError) as err:
+        plan(config, 8, gpu="T4-16GB", seq_len=2**20, detect=False)
+    near = closest(err.value.plan)
+    smallest = next(lever for lever in err.value.levers if lever.kind == "smallest")
+    assert near is None or near.memory.peak >= smallest["peak"] * 0.5
+    text = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--gpu", "T4-16GB", "--seq-len", "1024",
+                                    "--micro-batch", "8", "--checkpointing", "none", "--precision", "fp32",
+                                    "--no-offload"]).output
+    assert "No configuration fits:" in text and text.count("No configuration") == 1
