@@ -384,8 +384,13 @@ def requirements_of(result: Plan, adapter: str) -> tuple[Requirement, ...]:
     cfg = result.choice.config
     names = (*ENGINE[cfg.engine].packages, *ADAPTER[adapter].packages, *ATTENTION[result.attention].packages,
              *((OPTIMIZER[result.optimizer].package,) if OPTIMIZER[result.optimizer].package else ()))
-    return tuple(Requirement(package=name, installed=importlib.util.find_spec(PACKAGE[name].module) is not None,
-                             install=PACKAGE[name].install) for name in dict.fromkeys(names))
+    return tuple(Requirement(package=name, installed=installed(PACKAGE[name].module), install=PACKAGE[name].install)
+                 for name in dict.fromkeys(names))
+
+
+def installed(module: str) -> bool:
+    """Whether `module` imports here (found on the path; not imported)."""
+    return importlib.util.find_spec(module) is not None
 
 
 def _lr_notes(result: Plan) -> tuple[Note, ...]:

@@ -277,3 +277,18 @@ def test_a_no_fit_names_a_closest_candidate_only_with_a_computed_peak():
                                     "--micro-batch", "8", "--checkpointing", "none", "--precision", "fp32",
                                     "--no-offload"]).output
     assert "No configuration fits:" in text and text.count("No configuration") == 1
+
+
+def test_a_plan_says_which_packages_it_needs_and_how_to_install_a_missing_one(monkeypatch):
+    import planner.planning
+
+    monkeypatch.setattr(planner.planning, "installed", lambda module: module != "deepspeed")
+    args = ("--model", "gpt2", "--batch", "16", "--gpu", "A100-80GB", "--gpus-per-node", "2", "--seq-len", "256",
+            "--zero-stage", "2", "--offload", "none")
+    data = json.loads(invoke(*args, "--json").stdout)
+    assert data["requirements"] == [{"package": "deepspeed", "installed": False,
+                                     "install": 'pip install "trainplan[deepspeed]"'}]
+    text = " ".join(invoke(*args).output.split())
+    assert 'pip install "trainplan[deepspeed]"' in text  # the extra survives rich's markup
+    monkeypatch.setattr(planner.planning, "installed", lambda module: True)
+    assert json.loads(invoke(*args, "--json").stdout)["requirements"][0]["installed"] is True
