@@ -30,6 +30,7 @@ from planner.hardware import catalog, detect_gpus, lookup_gpu
 from planner.models.presets import presets
 from planner.render import comparison_table, render_no_fit, render_plan
 from planner.request import PlanRequest, flag_of, option
+from planner.vocab import NO_OFFLOAD
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,10 +48,12 @@ class RunOptions(BaseModel):
                                         "ds_config.json, hostfile where needed) here.", flag="--emit")
     force: bool = option(False, help="Overwrite files --emit would replace.")
     main_process_ip: str | None = option(help="Multi-node: address of machine rank 0 (required with --nodes > 1 "
-                                              "when emitting).")
+                                              "when emitting, unless --slurm).")
     main_process_port: int = option(29500, help="Multi-node: rendezvous port.")
     machine_rank: int = option(0, help="Multi-node: this machine's rank (0 to nodes - 1).")
     hostnames: str | None = option(help="Multi-node: comma-separated hosts for the hostfile.")
+    slurm: bool = option(False, help="With --emit: also write train.sbatch (sbatch DIR/train.sbatch); the rank-0 "
+                                     "address then comes from the Slurm allocation.")
     probe: bool | None = option(help="Confirm the top candidates with short real steps on the local GPU (default: on "
                                      "when CUDA is available).", flag="--probe/--no-probe")
     probe_budget: float = option(60.0, help="Seconds of probing at most: a probe still running then is stopped.")
@@ -153,7 +156,7 @@ def _request(values: dict, run: RunOptions) -> PlanRequest:
     if run.no_offload:
         if "offload" in fields:
             raise InputError("cannot be combined with --no-offload", flag="--offload", hint="Use --offload none.")
-        fields["offload"] = "none"
+        fields["offload"] = NO_OFFLOAD
     for required in ("model", "global_batch"):
         fields.setdefault(required, None)
     return PlanRequest.of(**fields)
@@ -203,9 +206,11 @@ def _check_launch(run: RunOptions, script_args: list[str]) -> None:
 
 
 def _emit_options(run: RunOptions, nodes: int) -> EmitOptions:
+    if run.slurm and run.emit_dir is None:
+        raise InputError("applies to --emit", flag="--slurm", hint="Add --emit DIR; then sbatch DIR/train.sbatch.")
     hosts = tuple(h.strip() for h in run.hostnames.split(",") if h.strip()) if run.hostnames else ()
     options = EmitOptions(main_process_ip=run.main_process_ip, main_process_port=run.main_process_port,
-                          machine_rank=run.machine_rank, hostnames=hosts, force=run.force)
+                          machine_rank=run.machine_rank, hostnames=hosts, force=run.force, slurm=run.slurm)
     options.check(nodes, writes=run.emit_dir is not None or run.launch)
     return options
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.vocab import (
-    ADAPTER, CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, OFFLOAD, OPTIMIZER, PRECISION,
-    UNSHARDED_ENGINE,
-    Checkpointing, Engine, Offload, Precision,
+    ADAPTER, CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, NO_CHECKPOINTING, OFFLOAD, OPTIMIZER,
+    PRECISION, UNSHARDED_ENGINE, Checkpointing, Engine, Offload, Precision,
 )
 from planner.vocab import activation_family as family_for
 
@@ -63,7 +62,7 @@ class Config(BaseModel):
     @classmethod
     def problem_of(cls, **fields) -> str | None:
         """`problem` of a combination (engine, stage, offload, precision, world size, ...) before its batch split."""
-        split = dict(micro_batch=1, grad_accum=1, checkpointing="none", tensor_parallel=1, compiled=False)
+        split = dict(micro_batch=1, grad_accum=1, checkpointing=NO_CHECKPOINTING, tensor_parallel=1, compiled=False)
         return cls.model_construct(**{**split, **fields}).problem()
 
     @staticmethod

@@ -8,6 +8,9 @@ so launchers can use them without files.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from planner.config import Config
 from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.adapters import Adapter
@@ -39,6 +42,10 @@ STEPS_PER_PRINT = 100
 #: (accelerate/utils/launch.py `prepare_deepspeed_cmd_env`, accelerate/utils/constants.py
 #: DEEPSPEED_MULTINODE_LAUNCHERS).
 DS_MULTINODE_LAUNCHER = "standard"
+#: TrainingArguments' checkpointing fields, old name -> new: transformers 5 renamed them and warns (FutureWarning) when
+#: the old names are given (transformers/training_args.py `__post_init__`); transformers < 5 has only the old names.
+CHECKPOINTING_ARGS = {"gradient_checkpointing": "activation_checkpointing",
+                      "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
 
 
 def deepspeed_config(plan) -> dict:
@@ -148,7 +155,8 @@ def _fsdp(cfg: Config, layer_class: str) -> dict:
 
 
 def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: str = "output") -> dict:
-    """Keyword arguments for transformers.TrainingArguments: what the Trainer can express of the plan."""
+    """Keyword arguments for transformers.TrainingArguments: what the Trainer can express of the plan. Paths are as
+    given (the emitted file holds names relative to its folder; `LoadedPlan` resolves them)."""
     cfg = plan.choice.config
     flag = PRECISION[cfg.precision].trainer_flag
     ckpt = CHECKPOINTING[cfg.checkpointing]
@@ -160,7 +168,7 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
         "gradient_accumulation_steps": cfg.grad_accum,
         "bf16": flag == "bf16",
         "fp16": flag == "fp16",
-        "gradient_checkpointing": trainer_ckpt,
+        checkpointing_arg("gradient_checkpointing"): trainer_ckpt,
         "max_grad_norm": GRADIENT_CLIPPING,
         "lr_scheduler_type": LR_SCHEDULER,
         "warmup_steps": plan.lr.warmup_steps,
@@ -177,12 +185,23 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
     if info.adam_betas:  # the betas the DeepSpeed block uses too
         out.update(adam_beta1=ADAM_BETAS[0], adam_beta2=ADAM_BETAS[1], adam_epsilon=ADAM_EPS)
     if trainer_ckpt:
-        out["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        out[checkpointing_arg("gradient_checkpointing_kwargs")] = {"use_reentrant": False}
     if plan.lr.learning_rate is not None:
         out["learning_rate"] = plan.lr.learning_rate
     if cfg.engine == DEEPSPEED:
         out["deepspeed"] = ds_config_path
     return out
+
+
+@functools.cache
+def checkpointing_arg(old: str) -> str:
+    """The name the installed TrainingArguments takes, without a deprecation warning, for the checkpointing argument
+    transformers < 5 calls `old` (a key of CHECKPOINTING_ARGS)."""
+    # lazy: transformers takes seconds to import; only files for its Trainer need it
+    from transformers import TrainingArguments
+
+    new = CHECKPOINTING_ARGS[old]
+    return new if new in {f.name for f in dataclasses.fields(TrainingArguments)} else old
 
 
 def peft_config(plan) -> dict | None:

@@ -5,6 +5,9 @@
     model = plan.prepare(model)          # what Trainer arguments cannot say
     args = plan.training_arguments()     # a transformers.TrainingArguments from training_args.json
 
+The folder's files name each other by file name; paths read from them are resolved against the folder, so the
+folder may be copied to another machine and read from any directory.
+
 `prepare` checks the model has the head the plan was made for, and applies the attention implementation the plan was
 made for, the parameter dtype (bf16-true trains 16-bit weights with no autocast), LoRA / QLoRA adapters through peft
 (`bnb_config()` gives the BitsAndBytesConfig to load a QLoRA base with) and the checkpointing policy (selective is
@@ -16,10 +19,12 @@ FSDP.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from planner.config import Config
 from planner.errors import InputError
+from planner.export import CHECKPOINTING_ARGS, checkpointing_arg
 from planner.models.adapters import Adapter, apply_adapter, with_task
 from planner.models.build import effective_attention, moe_block_classes
 from planner.program.step import enable_checkpointing
@@ -28,6 +33,11 @@ from planner.vocab import (
 )
 
 TRAINING_ARGS = "training_args.json"
+#: training_args.json's values that are paths, relative to the folder (the DeepSpeed config, the Trainer's output)
+PATH_ARGS = ("deepspeed", "output_dir")
+#: accelerate's variable for the DeepSpeed config file, which it sets from accelerate_config.yaml as written
+#: (accelerate/utils/launch.py:581-582) and opens from the current directory (accelerate/utils/dataclasses.py:1265)
+DEEPSPEED_CONFIG_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
 
 
 class LoadedPlan:
@@ -166,16 +176,32 @@ class LoadedPlan:
         return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
 
     def training_arguments_dict(self, **overrides) -> dict:
-        """training_args.json with `overrides` applied."""
+        """training_args.json with its paths resolved against the folder, then `overrides` applied; the checkpointing
+        arguments under the names the installed transformers takes (an older file, or overrides, may use either)."""
         data = json.loads((self.folder / TRAINING_ARGS).read_text())
-        data.update(overrides)
-        return data
+        for key in PATH_ARGS:
+            if isinstance(data.get(key), str):
+                data[key] = str(self.folder / Path(data[key]).expanduser())  # an absolute path stays as it is
+        return _current_names(data) | _current_names(overrides)
 
     def training_arguments(self, **overrides):
         """A transformers.TrainingArguments built from training_args.json, with `overrides` applied."""
         from transformers import TrainingArguments
 
         return TrainingArguments(**self.training_arguments_dict(**overrides))
+
+
+def _current_names(args: dict) -> dict:
+    """`args` with the checkpointing arguments under the names the installed TrainingArguments takes without a
+    deprecation warning (transformers 5 renamed them; transformers < 5 knows only the old names)."""
+    out = dict(args)
+    for old, new in CHECKPOINTING_ARGS.items():
+        wanted = checkpointing_arg(old)
+        other = new if wanted == old else old
+        if other in out:
+            value = out.pop(other)
+            out.setdefault(wanted, value)
+    return out
 
 
 def _moe_leaves(model) -> None:
@@ -191,7 +217,11 @@ def _moe_leaves(model) -> None:
 
 
 def load_plan(path) -> LoadedPlan:
-    """Read a plan written by `plan --emit` (plan.json, or the folder holding it). Raises InputError."""
+    """Read a plan written by `plan --emit` (plan.json, or the folder holding it). Raises InputError.
+
+    Under `accelerate launch --config_file FOLDER/accelerate_config.yaml` from another directory, accelerate hands the
+    training processes the config's DeepSpeed file name as written; it is pointed at the folder here, so that an
+    Accelerator the script builds finds it (the Trainer takes it from `training_arguments()`)."""
     path = Path(path).expanduser()
     file = path / "plan.json" if path.is_dir() else path
     try:
@@ -201,4 +231,14 @@ def load_plan(path) -> LoadedPlan:
                          hint="Pass the plan.json that `plan --emit DIR` wrote (or DIR).") from err
     if not isinstance(data, dict) or not {"choice", "model", "attention", "optimizer"} <= set(data):
         raise InputError(f"{file} is not a plan written by `plan --emit`", flag="--plan")
-    return LoadedPlan(data, file.parent)
+    folder = Path(os.path.abspath(file)).parent
+    _point_accelerate_at(folder)
+    return LoadedPlan(data, folder)
+
+
+def _point_accelerate_at(folder: Path) -> None:
+    """Resolve accelerate's DeepSpeed config variable against `folder` when it names a file there by a relative path
+    that the current directory does not have."""
+    name = os.environ.get(DEEPSPEED_CONFIG_ENV)
+    if name and not os.path.isabs(name) and not os.path.exists(name) and (folder / name).is_file():
+        os.environ[DEEPSPEED_CONFIG_ENV] = str(folder / name)

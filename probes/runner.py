@@ -46,9 +46,10 @@ def run_training(folder: Path, timeout_s: float, *, steps: int = 2, warmup: int 
     """Launch the training script under the files in `folder` and read every rank's result: an OOM on any rank is
     an OOM (never a hang: the other ranks are killed with the group), the peak is the largest rank's."""
     out = folder / "results"
+    # --force: a probe is how a candidate predicted not to fit the free memory is measured anyway
     cmd = accelerate_command(folder / "accelerate_config.yaml",
                              [*script, "--plan", str(folder), "--out", str(out), "--steps", str(steps),
-                              "--warmup", str(warmup)])
+                              "--warmup", str(warmup), "--force"])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
     stdout, stderr, code = run_group(cmd, env, timeout_s, cwd=folder)
     ranks = [Measurement.model_validate_json(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
@@ -184,12 +185,13 @@ def probe_files(plan, cfg) -> dict[str, str]:
     hardware = plan.hardware.model_copy(update={"gpus_per_node": cfg.world_size, "nodes": 1})
     candidate = next((c for c in plan.candidates if c.config == cfg), plan.choice)
     variant = plan.model_copy(update={"choice": candidate.model_copy(update={"config": cfg}), "hardware": hardware})
-    return render_files(variant, EmitOptions(), "{folder}")
+    return render_files(variant, EmitOptions())
 
 
 def write_files(files: dict[str, str], folder: Path) -> Path:
+    """The files into `folder` (they name each other by file name, so any folder does)."""
     for name, text in files.items():
-        (folder / name).write_text(text.replace("{folder}", str(folder)))
+        (folder / name).write_text(text)
     return folder
 
 

@@ -10,6 +10,10 @@ max_memory_reserved on CUDA; the live-tensor tracker's peak on the CPU), the med
 step times, tokens/s of the rank, and the losses. The model is built with its own initialisation (parameters and
 buffers), then `plan.prepare(model)` and `plan.training_arguments()` apply the plan, as in a user's script.
 Probes run this very script under each candidate's emitted files.
+
+Before anything is built, the plan's predicted peak is compared with what this machine has (the GPU's free memory;
+on the CPU the available RAM): a plan that cannot fit is refused at once, in one line naming both numbers (exit code
+2; `--force` runs it anyway). Rank 0 writes one line per optimizer step to stderr: step i/n, loss, seconds.
 """
 
 from __future__ import annotations
@@ -29,12 +33,17 @@ from planner.prepare import load_plan
 from planner.program.step import make_batch
 from planner.types import Measurement
 from planner.vocab import FSDP
-from probes.measure import StepMeter, failure, memory_history, profile_summary
 from probes.protocol import result_line
+
+DESCRIPTION = ("Train the planned model for a few steps (random weights, synthetic batches, the HF Trainer) with the "
+               "files `plan --emit DIR` wrote, and report each rank's peak memory and step times.")
+#: Exit code of a run refused because the plan cannot fit this machine.
+NO_FIT = 2
+GIB = 2**30
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m probes.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m probes.train", description=DESCRIPTION)
     parser.add_argument("--plan", required=True, help="the folder `plan --emit` wrote (or its plan.json)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps measured (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=1, help="optimizer steps before measuring")
@@ -45,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--memory-peak", default=None, metavar="FILE",
                         help="also write FILE: what was live at the run's peak of allocated memory, by the line "
                              "that allocated it (CUDA only; records the allocator's history, which slows the run)")
+    parser.add_argument("--force", action="store_true",
+                        help="run even when the plan's predicted peak memory exceeds what this machine has")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -53,6 +64,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def available_ram() -> int:
+    """Bytes of RAM that new allocations can take: /proc/meminfo's MemAvailable (Linux), else the free pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_refusal(data: dict) -> str | None:
+    """Why the plan (plan.json's contents) cannot fit this machine, and what to do, in one line; None if it fits
+    or the plan has no prediction."""
+    import torch
+
+    memory = data.get("memory") or {}
+    if not memory.get("peak"):
+        return None
+    if torch.cuda.is_available():
+        return _gpu_refusal(data, memory)
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # this machine's ranks share its RAM
+    need, have = memory.get("peak_allocated", memory["peak"]) * processes, available_ram()
+    if need <= have:
+        return None
+    many = f"{processes} processes" if processes > 1 else "1 process"
+    return (f"this plan needs {need / GIB:.1f} GiB of RAM for its tensors (plan.json memory.peak_allocated x {many}; "
+            f"it was planned for {data['hardware']['gpu']}) and this machine has {have / GIB:.1f} GiB available "
+            f"(MemAvailable): plan a smaller run ({_smaller(data)}), or pass --force to run it anyway")
+
+
+def _smaller(data: dict) -> str:
+    """The plan command with a smaller micro-batch or sequence, as advice."""
+    model, micro = data["model"], data["choice"]["micro_batch"]
+    knobs = ([f"--micro-batch below {micro}"] if micro > 1 else []) + [f"--seq-len below {model['seq_len']}"]
+    return f"plan --model {model['name']} with {' or '.join(knobs)}"
+
+
+def _gpu_refusal(data: dict, memory: dict) -> str | None:
+    """memory_refusal on CUDA: the plan's peak against this rank's GPU's free memory."""
+    import torch
+
+    device = local_rank()
+    if device >= torch.cuda.device_count():  # more processes than GPUs: building the model will say so
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    # the plan's peak counts this process's CUDA context, which exists now that the free memory was asked for
+    need = memory["peak"] - (memory.get("terms") or {}).get("cuda_context", 0)
+    if need <= free:
+        return None
+    return (f"this plan needs {need / GIB:.1f} GiB per GPU (plan.json memory.peak, planned for "
+            f"{data['hardware']['gpu']}) and cuda:{device} ({torch.cuda.get_device_name(device)}) has "
+            f"{free / GIB:.1f} GiB free: plan for this GPU (plan --model {data['model']['name']} here, without --gpu) "
+            f"or a smaller run ({_smaller(data)}), or pass --force to run it anyway")
 
 
 def model_config(plan, trust_remote_code: bool):
@@ -93,11 +165,12 @@ class SyntheticBatches:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = load_plan(args.plan)
-    try:
-        result = train(plan, args)
-    except Exception as err:  # noqa: BLE001 - a failed run is a result line, as a probe reads it
-
-        result = failure(err)
+    refusal = None if args.force else memory_refusal(plan.data)
+    if refusal:
+        if local_rank() == 0:  # one line per machine
+            sys.stderr.write(f"probes.train: {refusal}\n")
+        return NO_FIT
+    result = train(plan, args)
     sys.stdout.write(result_line(result))
     sys.stdout.flush()
     _leave_process_group()
@@ -143,6 +216,9 @@ def profiled(path: str | None, steps: int, cuda: bool):
         return
     from torch.profiler import ProfilerActivity, profile
 
+    # lazy: probes.measure imports the Trainer (seconds); --help and the memory check answer before it loads
+    from probes.measure import profile_summary
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         yield
@@ -150,13 +226,43 @@ def profiled(path: str | None, steps: int, cuda: bool):
 
 
 def train(plan, args) -> Measurement:
-    with memory_history(args.memory_peak):  # from before the model exists: every block of the run is in the trace
-        return _train(plan, args)
+    """Train and measure; a failed run is a result too (an out-of-memory error an OOM), as a probe reads it."""
+    # lazy: probes.measure imports the Trainer (seconds); --help and the memory check answer before it loads
+    from probes.measure import failure, memory_history
+
+    try:
+        with memory_history(args.memory_peak):  # from before the model exists: every block of the run is in the trace
+            return _train(plan, args)
+    except Exception as err:  # noqa: BLE001 - a failed run is a result line, as a probe reads it
+        return failure(err)
+
+
+def progress(total: int):
+    """A Trainer callback writing one line per optimizer step to stderr on rank 0: step i/n, loss, seconds."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs and "loss" in logs:
+                sys.stderr.write(f"step {state.global_step}/{total}  loss {logs['loss']:.4f}  "
+                                 f"{time.perf_counter() - self.start:.2f} s\n")
+                sys.stderr.flush()
+
+    return Progress()
 
 
 def _train(plan, args) -> Measurement:
     import torch
     from transformers import Trainer
+    from transformers.trainer_callback import PrinterCallback
+
+    # lazy: probes.measure imports the Trainer (seconds); --help and the memory check answer before it loads
+    from probes.measure import StepMeter
 
     cfg = plan.choice
     cuda = torch.cuda.is_available()
@@ -170,8 +276,9 @@ def _train(plan, args) -> Measurement:
     data = SyntheticBatches(model, cfg.global_batch * total, plan.seq_len)
     meter = StepMeter(warmup=args.warmup, cuda=cuda, model=model)
     optimizer = plan.create_optimizer(model)  # LAMB: a class the Trainer has no name for
-    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[meter],
+    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[meter, progress(total)],
                       optimizers=(optimizer, None) if optimizer is not None else (None, None))
+    trainer.remove_callback(PrinterCallback)  # its log dicts on stdout: the progress lines say it once
     if not cuda:
         _fsdp_on_cpu(trainer, cfg)
     start = time.perf_counter()

@@ -292,3 +292,15 @@ def test_a_plan_says_which_packages_it_needs_and_how_to_install_a_missing_one(mo
     assert 'pip install "trainplan[deepspeed]"' in text  # the extra survives rich's markup
     monkeypatch.setattr(planner.planning, "installed", lambda module: True)
     assert json.loads(invoke(*args, "--json").stdout)["requirements"][0]["installed"] is True
+
+
+def test_slurm_emits_train_sbatch_without_a_rank_0_address(tmp_path):
+    args = ("--model", "gpt2", "--batch", "16", "--gpu", "A100-80GB", "--gpus-per-node", "8", "--nodes", "2",
+            "--seq-len", "256", "--no-probe")
+    assert invoke(*args, "--emit", str(tmp_path / "plain")).exit_code == 2  # without Slurm the address is needed
+    result = invoke(*args, "--emit", str(tmp_path / "run"), "--slurm")
+    assert result.exit_code == 0, result.output
+    sbatch = (tmp_path / "run" / "train.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
+    assert subprocess.run(["bash", "-n", str(tmp_path / "run" / "train.sbatch")]).returncode == 0
+    assert invoke(*args, "--slurm").exit_code == 2  # Slurm needs files to write

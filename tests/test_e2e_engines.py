@@ -1,17 +1,23 @@
 """Run what we emit: for each engine, `plan --emit` then `accelerate launch` the shipped training script with those
 files on the CPU; the planned micro-batch and accumulation are what ran, the loss is finite, and each rank's measured
 peak is compared with `estimate_memory(device="cpu")` (benchmarks/engine_memory_cpu.py runs the same cases and
-records them in benchmarks/results/engine_memory_cpu.json)."""
+records them in benchmarks/results/engine_memory_cpu.json). And the shipped script's first contact: a plan that cannot
+fit this machine is refused at once, naming both numbers (`--force` runs it anyway); `--help` says what it does."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed")
 _SPEC = importlib.util.spec_from_file_location(
     "engine_memory_cpu", Path(__file__).resolve().parents[1] / "benchmarks" / "engine_memory_cpu.py")
 bench = importlib.util.module_from_spec(_SPEC)
@@ -22,6 +28,8 @@ _SPEC.loader.exec_module(bench)
 #: over-estimated (+20% measured, on the safe side): the trace's 16-bit model and gradients outlive what FSDP2's
 #: per-block gathering keeps, which the model does not yet follow.
 BOUNDS = {"zero2-offload-optimizer": (-0.09, 0.05), "fsdp2-full-shard": (0.0, 0.30)}
+#: A predicted peak no machine has: 1 PiB.
+HUGE = 2**50
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +39,7 @@ def model(tmp_path_factory):
 
 @pytest.mark.parametrize("case", bench.CASES)
 def test_emitted_files_train_as_planned(case, model, tmp_path):
+    pytest.importorskip("deepspeed")
     row = bench.run_case(case, model, tmp_path)
     assert row["status"] == "ok", row["reason"]
     assert row["processes"] == row["world_size"]
@@ -38,3 +47,76 @@ def test_emitted_files_train_as_planned(case, model, tmp_path):
     assert len(row["losses"]) == 3 and all(math.isfinite(x) for x in row["losses"])
     low, high = BOUNDS.get(case, (-0.05, 0.05))
     assert low <= row["error"] <= high, row
+
+
+def _train(folder: Path, *flags: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "probes.train", "--plan", str(folder), *flags],  # noqa: S603
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return done, time.monotonic() - start
+
+
+@pytest.fixture
+def huge_plan(model, tmp_path):
+    """A one-process plan of the tiny model whose plan.json predicts a peak of 1 PiB."""
+    from emit import emit
+    from planner import plan
+
+    p = plan(str(model), 8, gpu="A100-80GB", gpus_per_node=1, zero_stage=0, micro_batch=2, seq_len=bench.SEQ_LEN,
+             precision="bf16-mixed", detect=False)
+    emit(p, tmp_path / "run")
+    data = json.loads((tmp_path / "run" / "plan.json").read_text())
+    data["memory"].update(peak=HUGE, peak_allocated=HUGE, terms={**data["memory"]["terms"], "cuda_context": 0})
+    (tmp_path / "run" / "plan.json").write_text(json.dumps(data))
+    return tmp_path / "run"
+
+
+def test_a_plan_that_cannot_fit_is_refused_at_once(huge_plan):
+    from probes.train import NO_FIT, available_ram
+
+    done, seconds = _train(huge_plan)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == NO_FIT and seconds < 20, (done.returncode, seconds, done.stderr[-2000:])
+    assert len(lines) == 1 and "--force" in lines[0] and not done.stdout, done.stderr
+    assert f"needs {HUGE / 2**30:.1f} GiB" in lines[0]  # the plan's number
+    has = re.search(r"has (\d+\.\d) GiB", lines[0])  # and this machine's
+    import torch
+
+    if not torch.cuda.is_available():
+        assert has and abs(float(has.group(1)) - available_ram() / 2**30) < 2.0, lines[0]
+
+
+def test_on_a_gpu_the_peak_is_compared_with_its_free_memory(monkeypatch):
+    import torch
+
+    from probes.train import memory_refusal
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    data = {"memory": {"peak": 21 * gib, "peak_allocated": 15 * gib, "terms": {"cuda_context": gib}},
+            "hardware": {"gpu": "A100-80GB"}, "model": {"name": "m", "seq_len": 512}, "choice": {"micro_batch": 1}}
+    line = memory_refusal(data)  # the context is counted once: it exists when the free memory is read
+    assert "needs 20.0 GiB per GPU" in line and "has 10.0 GiB free" in line and "--micro-batch" not in line
+    data["memory"]["peak"] = 11 * gib
+    assert memory_refusal(data) is None
+
+
+@pytest.mark.slow
+def test_force_runs_the_plan_anyway_and_reports_each_step(huge_plan):
+    done, _ = _train(huge_plan, "--force", "--steps", "2", "--warmup", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"status":"ok"' in done.stdout and "{'loss'" not in done.stdout  # the Trainer's log dicts are gone
+    progress = [ln for ln in done.stderr.splitlines() if ln.startswith("step ")]
+    assert [ln.split("  ")[0] for ln in progress] == ["step 1/2", "step 2/2"], done.stderr[-2000:]
+
+
+def test_help_is_a_whole_sentence():
+    from probes.train import DESCRIPTION
+
+    done = subprocess.run([sys.executable, "-m", "probes.train", "--help"], capture_output=True, text=True,  # noqa: S603
+                          timeout=120)
+    assert done.returncode == 0
+    assert DESCRIPTION.endswith(".") and " ".join(DESCRIPTION.split()) in " ".join(done.stdout.split())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import transformers
 from emit import emit
 from planner import load_plan, plan
 from planner.errors import InputError
+from planner.export import CHECKPOINTING_ARGS, checkpointing_arg
 
 A100 = "A100-80GB"
 
@@ -83,3 +85,22 @@ def test_load_plan_refuses_what_is_not_a_plan(tmp_path):
         load_plan(tmp_path)
     with pytest.raises(InputError):
         load_plan(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("names", ["old", "new"])
+def test_training_arguments_take_either_checkpointing_name(names, tiny, tmp_path):
+    """A training_args.json from transformers 4 (gradient_checkpointing) or 5 (activation_checkpointing) builds the
+    installed TrainingArguments without a deprecation warning."""
+    loaded, _ = _emitted(tiny, tmp_path, zero_stage=0, checkpointing="full")
+    file = tmp_path / "run" / "training_args.json"
+    data = json.loads(file.read_text())
+    for old, new in CHECKPOINTING_ARGS.items():
+        value = data.pop(checkpointing_arg(old))
+        data[old if names == "old" else new] = value
+    file.write_text(json.dumps(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = loaded.training_arguments(use_cpu=True)
+        unset = loaded.training_arguments(use_cpu=True, gradient_checkpointing=False)  # an override in the old name
+    assert args.gradient_checkpointing is True and args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert unset.gradient_checkpointing is False

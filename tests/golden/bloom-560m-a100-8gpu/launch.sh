@@ -5,4 +5,4 @@
 # Trainer arguments cannot say); or run the shipped script: ./launch.sh -m probes.train --plan <this folder>
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec accelerate launch --config_file "$here/accelerate_config.yaml" "$@"
+exec accelerate launch --config_file "$here/accelerate_config.yaml" --deepspeed_config_file "$here/ds_config.json" "$@"

@@ -1,0 +1,84 @@
+"""train.sbatch: the plan as a Slurm batch job, one `accelerate launch` per node under srun.
+
+The rank-0 address is the allocation's first node, known only when the job starts; a node's rank is its
+SLURM_NODEID. DeepSpeed plans go through accelerate too, with the launcher the emitted accelerate_config.yaml names
+("standard": accelerate runs torchrun on each node with the node's rank and the rank-0 address,
+accelerate/utils/launch.py:488-496), never DeepSpeed's pdsh or slurm launchers, which start the other nodes
+themselves (accelerate/utils/launch.py:452-460) and would do so once per srun task.
+
+Slurm runs a copy of the batch script from its spool folder, so the script cannot find its folder from its own path:
+the run folder is the job's working directory (submit from the folder, or `sbatch --chdir FOLDER`), or $TRAINPLAN_RUN.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from emit.names import ACCELERATE_CONFIG, folder_files
+from planner.export import DS_MULTINODE_LAUNCHER
+from planner.vocab import DEEPSPEED
+
+#: The job's log, in the job's working directory (the run folder): %x the job name, %j its id.
+LOG = "%x-%j.log"
+
+
+def job_name(plan) -> str:
+    """trainplan-<model>, in the characters every Slurm accepts."""
+    model = plan.model.name.rstrip("/").rsplit("/", 1)[-1]
+    return "trainplan-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "run")
+
+
+def sbatch_script(plan, options, script: tuple[str, ...] = ()) -> str:
+    """The batch script: `sbatch train.sbatch [script args...]` trains with the script's arguments, or with `script`
+    (the shipped script, `-m probes.train --plan <folder>`, when empty)."""
+    hw, cfg = plan.hardware, plan.choice.config
+    default = shlex.join(script) if script else '-m probes.train --plan "$TRAINPLAN_RUN"'
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name={job_name(plan)}",
+        f"#SBATCH --nodes={hw.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={hw.gpus_per_node}",
+        f"#SBATCH --output={LOG}",
+        f"# trainplan: {cfg.label()}",
+        "# usage: cd <this folder> && sbatch train.sbatch [script args...]   (or sbatch --chdir <this folder> ...,",
+        "# or TRAINPLAN_RUN=<this folder>); without arguments: " + default.replace('"$TRAINPLAN_RUN"', "<this folder>"),
+        "# the one task per node starts every GPU's process: give it CPUs (--cpus-per-task or --exclusive) as your",
+        "# cluster expects, and add --time, --partition, --account likewise",
+        "set -euo pipefail",
+        'export TRAINPLAN_RUN="$(cd "${TRAINPLAN_RUN:-.}" && pwd)"',
+        f'if [ ! -f "$TRAINPLAN_RUN/{ACCELERATE_CONFIG}" ]; then',
+        f'  echo "train.sbatch: no {ACCELERATE_CONFIG} in $TRAINPLAN_RUN: submit from the folder plan --emit wrote '
+        '(cd FOLDER && sbatch train.sbatch), or set TRAINPLAN_RUN=FOLDER" >&2',
+        "  exit 2",
+        "fi",
+        f'if [ "$#" -eq 0 ]; then set -- {default}; fi',
+        "# the first node of the allocation is machine rank 0",
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        f"export MASTER_PORT={options.main_process_port}",
+        "# one task per node; single quotes: each node reads its own SLURM_NODEID",
+        "srun --ntasks-per-node=1 bash -c '" + " \\\n  ".join(_launch(plan)) + "' bash \"$@\"",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _launch(plan) -> list[str]:
+    """The `accelerate launch` line each node runs, one flag per element (expanded on the node)."""
+    cfg = plan.choice.config
+    parts = [
+        "exec accelerate launch",
+        f'--config_file "$TRAINPLAN_RUN/{ACCELERATE_CONFIG}"',
+        '--num_machines "$SLURM_NNODES"',
+        '--machine_rank "$SLURM_NODEID"',
+        '--main_process_ip "$MASTER_ADDR"',
+        '--main_process_port "$MASTER_PORT"',
+        f"--num_processes {cfg.world_size}",
+    ]
+    if cfg.engine == DEEPSPEED and plan.hardware.nodes > 1:
+        parts.append(f"--deepspeed_multinode_launcher {DS_MULTINODE_LAUNCHER}")
+    parts += [f'{flag} "$TRAINPLAN_RUN/{name}"' for flag, name in folder_files(plan)]
+    return [*parts, '"$@"']
+
+
+__all__ = ["sbatch_script", "job_name"]
