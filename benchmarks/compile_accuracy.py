@@ -4,9 +4,9 @@
 
 Rows: benchmarks/data/hf_throughput.json, the eager/compiled pairs (`compile` true/false, same configuration) and
 the cold first-step compile times (`compile_time`). For each pair: the modelled eager and compiled step against the
-published ones, and the modelled speed-up against the published one. `COMPILE_SECONDS_PER_OP` is derived from the
-two compile-time rows and `COMPILED_DEVICE_RESIDUAL` from the Llama-3.1-8B forward+backward pair
-(planner/program/compiled.py): those rows are in-sample, and are marked so.
+published ones, and the modelled speed-up against the published one. `inductor.compile_seconds_per_op` is derived
+from the two compile-time rows and `inductor.compiled_device_residual` from the Llama-3.1-8B forward+backward pair
+(planner/facts/compile.json, whose `fitted_to` names them): those rows are in-sample, and are marked so.
 """
 
 from __future__ import annotations

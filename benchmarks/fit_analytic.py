@@ -4,8 +4,8 @@ For each model, activation family and checkpointing mode it traces the whole-mod
 with the gradients allocated (as the formulas count them; 3 and 4 blocks,
 extrapolated) and prints traced / analytic. The search relies on two claims this table checks and
 tests/test_memory_analytic.py pins on a subset: the analytic estimate is never more than
-`search.ANALYTIC_MAX_OVERESTIMATE` times the traced one (the screen divides by it), and decoder LLMs sit near 1
-(`search.UNCALIBRATED_MARGIN`).
+the fact `search.analytic_max_overestimate` times the traced one (the screen divides by it), and decoder LLMs sit near 1
+(the fact `search.uncalibrated_margin`).
 
 Run:  HF_HUB_OFFLINE=1 python benchmarks/fit_analytic.py     (about 2 minutes on 2 cores)
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from planner.config import Config
 from planner.memory.estimate import Evaluation
 from planner.models import resolve_model
-from planner.search import ANALYTIC_MAX_OVERESTIMATE
+from planner import facts
 from planner.vocab import ANALYTIC, TRACE
 
 MODELS = [("gpt2", 1024), ("facebook/opt-125m", 1024), ("EleutherAI/pythia-160m", 1024),
@@ -48,7 +48,7 @@ def main() -> None:
             worst_over = min(worst_over, ratio)
             print(f"{name:32s} {precision:10s} {ckpt:9s} {ratio:6.2f}")
     print(f"largest over-estimate: analytic = {1 / worst_over:.2f} x traced "
-          f"(the screen assumes at most {ANALYTIC_MAX_OVERESTIMATE})")
+          f"(the screen assumes at most {facts.get('search.analytic_max_overestimate')})")
 
 
 if __name__ == "__main__":

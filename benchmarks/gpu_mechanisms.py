@@ -85,11 +85,12 @@ def measure_outside_allocator(torch) -> dict:
 def measure_step_rules(torch, gpu) -> dict:
     """Two rules the planner traces a CUDA step by, beside its figures: the backward's matmuls get a cuBLAS workspace
     of their own (they run on the autograd engine's device thread, with that thread's handle;
-    planner/memory/estimate.py `BLAS_THREADS`), and training dropout keeps a bool mask, one byte an element, in
+    planner.facts `cuda.blas_threads`), and training dropout keeps a bool mask, one byte an element, in
     fp32 as in bf16 (the fused `native_dropout`; planner/program/dropout.py)."""
     from torch.nn import functional as F
 
-    from planner.memory.gpu import BLAS_THREADS, cublas_workspace_bytes
+    from planner import facts
+    from planner.memory.gpu import cublas_workspace_bytes
 
     x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -99,7 +100,7 @@ def measure_step_rules(torch, gpu) -> dict:
     y.sum().backward()  # the backward's x.t() @ grad runs on the engine's thread
     torch.cuda.synchronize()
     out = {"backward_thread_workspace_allocated": torch.cuda.memory_allocated() - before - w.numel() * 2,
-           "planner_workspace_per_thread": cublas_workspace_bytes(gpu), "planner_blas_threads": BLAS_THREADS}
+           "planner_workspace_per_thread": cublas_workspace_bytes(gpu), "planner_blas_threads": facts.get("cuda.blas_threads")}
     for dtype, width in ((torch.float32, 4), (torch.bfloat16, 2)):
         t = torch.randn(4096, 4096, device="cuda", dtype=dtype, requires_grad=True)
         before = torch.cuda.memory_allocated()

@@ -15,7 +15,7 @@ or steps we measured ourselves on a lent H100 (planner/hardware/efficiency.json,
 checkpointed block is a CPU measurement of torch.utils.checkpoint's bookkeeping) and the GEMM shape constants come
 from a GEMM table
 (planner/speed/). One constant comes from rows here: torch.compile's device residual
-(planner/program/compiled.py `COMPILED_DEVICE_RESIDUAL`), from the ml-engineering Llama-3.1-8B eager/compiled pair.
+(planner.facts `inductor.compiled_device_residual`), from the ml-engineering Llama-3.1-8B eager/compiled pair.
 Leave-one-source-out cross-validation refits it: the ml-engineering fold has no other compiled HF step to derive it
 from, so its compiled rows are predicted without it (1.0); every other fold's prediction is the full-data one. All
 errors below are therefore out-of-sample. The script says so in its output.
@@ -54,6 +54,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from planner import facts
 from planner.config import Config
 from planner.hardware import lookup_gpu
 from planner.program.workload import Workload
@@ -359,22 +360,16 @@ def attention_kernel_fraction(row: dict, gpu: str, notes: list[str]) -> float | 
 
 # ------------------------------------------------------------------------------------------------ predicting
 
-#: The source whose rows gave `COMPILED_DEVICE_RESIDUAL`: its fold predicts compiled steps without it.
+#: The source whose rows gave `inductor.compiled_device_residual`: its fold predicts compiled steps without it.
 RESIDUAL_SOURCE = "ml-engineering"
 
 
 def predict(case: Case, speed_models: dict) -> float:
     """The case's published metric as the model predicts it, in its leave-one-source-out fold."""
-    from planner.speed import step
-
     if not (case.cfg.compiled and case.group == RESIDUAL_SOURCE):
         return _predict(case, speed_models)
-    residual = step.COMPILED_DEVICE_RESIDUAL
-    step.COMPILED_DEVICE_RESIDUAL = 1.0
-    try:
+    with facts.overriding({"inductor.compiled_device_residual": 1.0}):
         return _predict(case, speed_models)
-    finally:
-        step.COMPILED_DEVICE_RESIDUAL = residual
 
 
 def speed_model_of(case: Case, speed_models: dict) -> SpeedModel:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner import facts
 from planner.config import Config
 from planner.errors import InputError
 from planner.hardware import GPU
@@ -120,21 +121,6 @@ def why_empty(space: SearchSpace) -> str:
     return "the pinned options leave no configuration to plan"
 
 
-#: The analytic activations over-estimate the traced ones by at most 1.7x over ten model families
-#: (benchmarks/fit_analytic.py: Mistral-7B fp32 with selective checkpointing); 3.5 leaves room for families not in
-#: that table (tests/test_memory_analytic.py pins the bound). Dividing by it screens candidates without tracing: an
-#: estimate, not a proof, so a candidate rejected this way is "estimated" over the budget, never "OOM".
-ANALYTIC_MAX_OVERESTIMATE = 3.5
-#: An uncalibrated analytic estimate this far over the budget rejects without tracing. Traced/analytic ratios range
-#: 0.59-2.06 (benchmarks/fit_analytic.py), mostly above 1 (the formulas under-count), so a rejected candidate is
-#: usually further over than the estimate says; where the formulas over-count (ratio < 1) this can cost a faster
-#: candidate, never a wrong "fits": anything chosen is traced first.
-UNCALIBRATED_MARGIN = 1.15
-#: A calibrated estimate (analytic x the family's traced ratio) this far over the budget rejects without
-#: tracing. Anything that would be chosen is always traced exactly first.
-CALIBRATED_MARGIN = 1.05
-
-
 class MemoryEvaluator:
     """Memory of candidates: model states exact; activations traced exactly at a candidate's micro-batch, or
     analytic scaled by the traced/analytic ratio of the same trace family (calibration)."""
@@ -176,7 +162,7 @@ class MemoryEvaluator:
 
     def screen_bound(self, cfg: Config) -> MemoryEstimate:
         act, _ = self.evaluation.activations(cfg, ANALYTIC)
-        return self.evaluation.combine(cfg, int(act / ANALYTIC_MAX_OVERESTIMATE), "analytic-screen")
+        return self.evaluation.combine(cfg, int(act / facts.get("search.analytic_max_overestimate")), "analytic-screen")
 
 
 def judge(mem: MemoryEstimate, budget: int) -> Verdict:
@@ -184,15 +170,8 @@ def judge(mem: MemoryEstimate, budget: int) -> Verdict:
     return Verdict(kind="fits" if mem.peak <= budget else "over", peak=mem.peak, budget=budget, method=mem.method)
 
 
-#: Candidates whose predicted speeds differ by less than this ratio rank as equally fast. The same configuration
-#: measured on two lent H100s differed by 14-17% (benchmarks/results/gpu_validation-H100-80GB-2026-11-2*-matrix-0_*
-#: BLOOM rows, which no setting changed), so a 1% edge is noise, and a plan that adds ZeRO and CPU offload to a
-#: 560M model on an 80 GB GPU for it is not one a user can trust.
-SPEED_TIE = 1.03
-
-
 def rank(fitting: list[Candidate]) -> list[Candidate]:
-    """Fastest first, except that the candidates within `SPEED_TIE` of the fastest go first by fewer moving parts
+    """Fastest first, except that the candidates within `search.speed_tie` (a fact) of the fastest go first by fewer moving parts
     (then speed, then headroom)."""
     def speed(c: Candidate) -> float:
         return c.throughput.tokens_per_s if c.throughput else 0.0
@@ -200,7 +179,8 @@ def rank(fitting: list[Candidate]) -> list[Candidate]:
     ordered = sorted(fitting, key=lambda c: (-speed(c), c.memory.peak if c.memory else math.inf))
     if not ordered:
         return []
-    tied = [c for c in ordered if speed(c) * SPEED_TIE >= speed(ordered[0])]
+    tie = facts.get("search.speed_tie")
+    tied = [c for c in ordered if speed(c) * tie >= speed(ordered[0])]
     return sorted(tied, key=lambda c: (c.config.complexity(), -speed(c))) + ordered[len(tied):]
 
 
@@ -235,7 +215,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
                                      verdict=verdict))
             continue
-        contender = best_speed is None or speed.tokens_per_s * SPEED_TIE >= best_speed
+        contender = best_speed is None or speed.tokens_per_s * facts.get("search.speed_tie") >= best_speed
         mem = _evaluate(cfg, evaluator, budget, contender)
         verdict = judge(mem, budget)
         if verdict.fits and best_speed is None:
@@ -252,12 +232,12 @@ def _evaluate(cfg: Config, evaluator: MemoryEvaluator, budget: int, contender: b
     screened, calibrated = evaluator.screen(cfg)
     if not contender or evaluator.method == ANALYTIC:
         return screened
-    if calibrated and screened.peak > budget * CALIBRATED_MARGIN:
+    if calibrated and screened.peak > budget * facts.get("search.calibrated_margin"):
         return screened
     if not calibrated:
         bound = evaluator.screen_bound(cfg)
         if bound.peak > budget:
             return bound
-        if screened.peak > budget * UNCALIBRATED_MARGIN:
+        if screened.peak > budget * facts.get("search.uncalibrated_margin"):
             return screened
     return evaluator.estimate(cfg)

@@ -141,13 +141,19 @@ def test_blas_workspace_follows_torchs_default_per_architecture():
 
 
 def test_cuda_context_is_the_measured_bare_context_of_the_architecture_plus_a_steps_kernels():
-    from planner.memory.gpu import CUDA_CONTEXT_BYTES, cuda_context_bytes
+    from planner import facts
+    from planner.memory.gpu import cuda_context_bytes
 
-    mib, h100_bare = 2**20, 645464064
+    mib, h100_bare = 2**20, 645464064  # the lent H100's bare context, bytes
     h100, a100, v100 = (lookup_gpu(n) for n in ("H100-80GB", "A100-80GB", "V100-16GB"))
-    assert cuda_context_bytes(h100) == CUDA_CONTEXT_BYTES  # the value the H100 steps' NVML totals were checked with
     for name, bare in (("L40S-48GB", 426), ("RTX4090-24GB", 426), ("A10G-24GB", 256), ("RTX3090-24GB", 256),
                        ("T4-16GB", 474), ("B200-192GB", 612)):  # the published bare contexts, in MiB
-        assert cuda_context_bytes(lookup_gpu(name)) == CUDA_CONTEXT_BYTES - h100_bare + bare * mib, name
+        assert cuda_context_bytes(lookup_gpu(name)) - cuda_context_bytes(h100) == bare * mib - h100_bare, name
     # unmeasured architectures (sm 7.0, sm 8.0) and an unknown GPU: the largest measured, the H100's
-    assert cuda_context_bytes(a100) == cuda_context_bytes(v100) == cuda_context_bytes(None) == CUDA_CONTEXT_BYTES
+    assert cuda_context_bytes(a100) == cuda_context_bytes(v100) == cuda_context_bytes(None) == cuda_context_bytes(h100)
+    # the bare contexts are measurements fitted to nothing; what a step's kernels add was set against the H100 rows
+    bare = facts.fact("cuda.bare_context_bytes")
+    assert bare.fitted_to == () and bare.measured_on and bare.value["9.0"] == h100_bare
+    modules = facts.fact("cuda.step_modules_bytes")
+    assert modules.fitted_to == ("gpu_measured_h100.json#*",) and "H100" in modules.measured_on
+    assert "benchmarks/results/gpu_measured-H100-80GB.json" in modules.source

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from planner import facts
 from planner.hardware import lookup_gpu
 from planner.hardware.efficiency_data import efficiency_json, nccl_channels_of
-from planner.memory.nccl import LL128_BYTES, LL_BYTES, NVLS_BUFF_BYTES, PAIR_BYTES, SIMPLE_BYTES, nccl_buffers
+from planner.memory.nccl import nccl_buffers, pair_bytes
 
 MiB = 2**20
 
@@ -17,9 +18,10 @@ def buffers(gpu: str, world: int, per_node: int, **kw):
 
 
 def test_a_connection_pair_is_the_two_allocations_nccl_logged_on_h100s():
-    assert (LL_BYTES, LL128_BYTES, SIMPLE_BYTES) == (524288, 4915200, 4194304)  # src/init.cc's three defaults
+    protocols = ("nccl.ll_buffer_bytes", "nccl.ll128_buffer_bytes", "nccl.simple_buffer_bytes")
+    assert tuple(map(facts.get, protocols)) == (524288, 4915200, 4194304)  # src/init.cc's three defaults
     # NCCL_DEBUG_SUBSYS=ALLOC on 8 x H100 (NVIDIA/nccl issue #1685): buffers of 10485760 and 2097152 bytes
-    assert PAIR_BYTES == 10485760 + 2097152
+    assert pair_bytes() == 10485760 + 2097152
 
 
 def test_one_node_of_eight_holds_a_ring_and_a_tree_pair_per_channel_plus_nvls_where_the_gpu_has_it():
@@ -27,7 +29,7 @@ def test_one_node_of_eight_holds_a_ring_and_a_tree_pair_per_channel_plus_nvls_wh
     assert (a100.ring, a100.tree, a100.nvls, a100.pat) == (24 * 12 * MiB, 24 * 12 * MiB, 0, 0)
     h100 = buffers("H100-80GB", 8, 8)
     assert h100.nvls == 268435456  # the logged "nvlsTotalSize 268435456" of 8 x H100 (NVIDIA/nccl issue #1453)
-    assert h100.nvls == 16 * 2 * NVLS_BUFF_BYTES * 8 and h100.total == 832 * MiB
+    assert h100.nvls == 16 * 2 * MiB * 8 and h100.total == 832 * MiB  # 128 KiB chunks x 8 steps per channel
     b200 = buffers("B200-192GB", 8, 8)  # sm 10.0: 24 NVLS channels on one node, 32 across nodes
     assert b200.nvls == 24 * 2 * MiB * 8 and buffers("B200-192GB", 16, 8).nvls == 32 * 2 * MiB * 8
     assert buffers("T4-16GB", 4, 4).total == 2 * 2 * 12 * MiB  # PCIe cards: 2 channels
@@ -41,8 +43,9 @@ def test_across_nodes_a_communicator_keeps_its_nodes_channels():
 def test_one_gpu_per_node_connects_pats_binomial_peers_only_for_gathers():
     ddp = buffers("H100-80GB", 8, 1)
     sharded = buffers("H100-80GB", 8, 1, sharded=True)
-    assert ddp.nvls == 0 and ddp.ring == 2 * PAIR_BYTES  # NCCL_NCHANNELS_PER_NET_PEER's 2 channels
-    assert ddp.pat == 0 and sharded.pat == 2 * PAIR_BYTES * 2 * (3 - 1)  # masks 1, 2, 4: the first is the ring's
+    pair = 12 * MiB  # a connection pair, as logged
+    assert ddp.nvls == 0 and ddp.ring == 2 * pair  # NCCL_NCHANNELS_PER_NET_PEER's 2 channels
+    assert ddp.pat == 0 and sharded.pat == 2 * pair * 2 * (3 - 1)  # masks 1, 2, 4: the first is the ring's
 
 
 def test_tensor_parallelism_adds_its_groups_communicator():

@@ -18,6 +18,7 @@ from planner.program.profile import (
     ENGINE_KERNELS, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, OpRecorder, Profile,
 )
 from planner.program.workload import Workload
+from planner.notes import Verdict
 from planner.refine import _recalibrated, speed_calibrations_from
 from planner.speed import communication as speed_comm
 from planner.speed import kernels as speed_kernels
@@ -182,7 +183,7 @@ def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model", 
     parts = speed_step.StepParts(compute=compute, optimizer=optimizer)
     tp = ThroughputInfo(tokens_per_s=1000.0 / (compute + optimizer), samples_per_s=1.0, mfu=0.3,
                         step_time_s=compute + optimizer, source=source, parts=parts)
-    return Candidate(config=cfg, memory=None, throughput=tp, fits=True, reason="")
+    return Candidate(config=cfg, memory=None, throughput=tp, fits=True, verdict=Verdict(kind="fits"))
 
 
 def test_probes_calibrate_the_speed_of_unprobed_candidates():
@@ -416,12 +417,13 @@ def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
     assert tensors == sum(1 for size in spec.tensor_sizes if size > 0) > 300  # BERT-large's weights and biases
     assert matrices == 24 * 6 + 4 and vectors > matrices  # 6 per block, 3 embedding tables, the MLM head's dense
     extra_bytes = (21 - 7) * 4 * n  # 21 fp32 accesses per parameter instead of the fused kernel's 7
-    extra_launches = (8 - 2) * math.ceil(n / speed_optim.FOREACH_LAUNCH_ELEMENTS)  # 8 multi-tensor ops instead of 2
+    per_launch = 65536 * 320  # MultiTensorApply.cuh: kChunkSize x depth_to_max_blocks
+    extra_launches = (8 - 2) * math.ceil(n / per_launch)  # 8 multi-tensor ops instead of 2
     assert foreach.gpu_s - fused.gpu_s == pytest.approx(
         extra_bytes / speed_kernels.bandwidth(gpu, eff) + extra_launches * eff.launch_us * 1e-6, rel=1e-6)
     # the Python loop launches 8 kernels per tensor: each pays the GPU's fixed cost and the host's dispatch
     assert loop.gpu_s - foreach.gpu_s == pytest.approx(
-        (8 * tensors - 8 * math.ceil(n / speed_optim.FOREACH_LAUNCH_ELEMENTS)) * eff.launch_us * 1e-6, rel=1e-6)
+        (8 * tensors - 8 * math.ceil(n / per_launch)) * eff.launch_us * 1e-6, rel=1e-6)
     assert loop.cpu_s == pytest.approx((8 * tensors * eff.dispatch_us + 2 * tensors * eff.python_op_us) * 1e-6)
     assert fused.cpu_s < foreach.cpu_s < loop.cpu_s
     assert speed_optim.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1, "for-loop") == max(loop.gpu_s, loop.cpu_s)

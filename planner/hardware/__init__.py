@@ -14,14 +14,12 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner import facts
 from planner.errors import UnknownGPUError
 from planner.vocab import FLASH, FP32, PRECISION
 
 #: The GPU we plan for when none is detected and none is named. Said so in the output.
 REFERENCE_GPU = "A100-80GB"
-#: FlashAttention-2 supports Ampere, Ada and Hopper GPUs (Dao-AILab/flash-attention README, "Installation and
-#: features": "FlashAttention-2 currently supports: Ampere, Ada, or Hopper GPUs").
-FLASH_ATTENTION_MIN_CC = (8, 0)
 
 
 class GPU(BaseModel):
@@ -96,7 +94,7 @@ class GPU(BaseModel):
             return (f"{self.name} has no TF32 tensor cores (compute capability {self.compute_capability}; TF32 "
                     "needs 8.0)")
         cc = self.compute_capability_tuple
-        if attention == FLASH and cc is not None and cc < FLASH_ATTENTION_MIN_CC:
+        if attention == FLASH and cc is not None and cc < facts.get("flash_attn.min_cc"):  # FlashAttention-2's GPUs
             return (f"FlashAttention-2 needs compute capability 8.0 or newer; {self.name} has "
                     f"{self.compute_capability}")
         if attention == FLASH and PRECISION[precision].compute == PRECISION[FP32].compute:

@@ -1,7 +1,9 @@
 """What each GPU achieves, as data (efficiency.json, every number with its source): the fraction of peak a large GEMM
 reaches per dtype, the fraction of HBM bandwidth streaming kernels reach, SM count (wave quantization of small
 GEMMs), kernel launch and eager dispatch costs, fused-attention efficiency, NIC bandwidth and collective and PCIe
-efficiencies. A figure efficiency.json lacks for a GPU falls back to its `defaults` block, which says so.
+efficiencies. A figure efficiency.json lacks for a GPU falls back to its `defaults` block, which says so. Each entry
+read is a planner.facts fact, "efficiency:<GPU or defaults>:<figure>" (its unit, measured_on and fitted_to are in the
+entry), recorded as read whenever a GPU's figures are handed out.
 """
 
 from __future__ import annotations
@@ -10,14 +12,17 @@ import json
 from functools import lru_cache
 from importlib import resources
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from planner import facts
 from planner.vocab import COMPUTE_DTYPES
 
-#: Inter-node bandwidth per GPU where efficiency.json has none for a GPU: one 200 Gb/s HDR InfiniBand NIC per GPU, as
-#: in DGX A100 (efficiency.json's A100 network entry cites it).
-DEFAULT_NIC_Gbps = 200.0
-DEFAULT_NETWORK = "no sourced system for this GPU: one 200 Gb/s NIC per GPU assumed"
+PREFIX = "efficiency:"
+
+
+def fact_key(block: str, figure: str) -> str:
+    """The planner.facts key of a figure read from efficiency.json's entry for GPU `block` (or "defaults")."""
+    return f"{PREFIX}{block}:{figure}"
 
 
 class NcclChannels(BaseModel):
@@ -31,19 +36,13 @@ class NcclChannels(BaseModel):
     nvls_inter_node: int              # ... when the communicator spans nodes
 
 
-def _nccl_channels(network: dict | None, defaults: dict) -> NcclChannels:
-    network = network or {}
-    coll = network.get("nccl_coll_channels") or defaults["nccl_coll_channels"]
-    nvls = network.get("nccl_nvls_channels") or defaults["nccl_nvls_channels"]
-    return NcclChannels(coll=coll["value"], nvls=nvls["value"], nvls_inter_node=nvls.get("inter_node", nvls["value"]))
-
-
 def nccl_channels_of(gpu) -> NcclChannels:
     """NCCL's channels on a node of `gpu` (a catalog entry), or efficiency.json's defaults for None (a GPU of unknown
-    make) or a GPU it has no entry for."""
-    data = efficiency_json()
-    entry = data["gpus"].get(gpu.name) if gpu is not None else None
-    return _nccl_channels((entry or {}).get("network"), data["defaults"]["network"])
+    make) or a GPU it has no entry for; records the figures read (planner.facts)."""
+    reader = _reader(gpu.name if gpu is not None else None)
+    coll, nvls = _nccl_entries(reader)
+    facts.record(*reader.paths)
+    return NcclChannels(coll=coll["value"], nvls=nvls["value"], nvls_inter_node=nvls.get("inter_node", nvls["value"]))
 
 
 class Efficiency(BaseModel):
@@ -70,6 +69,8 @@ class Efficiency(BaseModel):
     inter_node_collective: float      # the same across nodes, per GPU's NIC
     pcie: float                       # achieved / peak host-link bandwidth for pinned copies
     tiles: tuple[tuple[int, int], ...]
+    #: the planner.facts keys of the efficiency.json entries these figures were read from (recorded on every use)
+    fact_keys: tuple[str, ...] = Field(default=(), exclude=True, repr=False)
 
     @property
     def checkpoint_block_us(self) -> float:
@@ -83,50 +84,94 @@ class Efficiency(BaseModel):
         view-op cost."""
         return self.checkpoint_policy_op_python_ops * self.python_op_us
 
+    def record(self) -> Efficiency:
+        """Count the entries these figures come from as read (planner.facts); returns self."""
+        facts.record(*self.fact_keys)
+        return self
 
-def _value(block: dict | None, *names: str):
-    for name in names:
-        entry = (block or {}).get(name)
-        if isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)):
-            return float(entry["value"])
-        if isinstance(entry, dict) and isinstance(entry.get("value"), list):  # a published range: its low end
-            return float(min(entry["value"]))
+
+def _number(entry) -> float | None:
+    """An entry's numeric value (a published range: its low end); None where it has none."""
+    if isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)):
+        return float(entry["value"])
+    if isinstance(entry, dict) and isinstance(entry.get("value"), list):
+        return float(min(entry["value"]))
     return None
 
 
-def _entry(name: str, data: dict, defaults: dict) -> Efficiency:
-    def pick(section: str, *keys: str) -> float:
-        found = _value(data.get(section), *keys)
-        return found if found is not None else _value(defaults.get(section), *keys)
+class _Reader:
+    """A GPU's figures from its efficiency.json entry, else from the `defaults` block (`name` None: defaults only),
+    remembering the JSON path of the entry each figure came from, by its planner.facts key."""
 
-    matmul = {d: (_value(data.get("matmul"), d) or _value(defaults.get("matmul"), d))
-              for d in COMPUTE_DTYPES}
-    launch = data.get("launch_overhead_us") or defaults["launch_overhead_us"]
+    def __init__(self, name: str | None, data: dict):
+        entry = data["gpus"].get(name) if name is not None else None
+        self.blocks = ([] if entry is None else [(name, ("gpus", name), entry)]) + [
+            ("defaults", ("defaults",), data["defaults"])]
+        self.paths: dict[str, tuple[str, ...]] = {}
 
-    def overhead(key: str) -> float:
-        found = _value(launch, key)
-        return found if found is not None else _value(defaults["launch_overhead_us"], key)
+    def entry(self, figure: str, section: str, *names: str, numeric: bool = False, own_only: bool = False):
+        """The first of `names` in `section` (the GPU's own, then the defaults' unless `own_only`) that is there,
+        or with `numeric` that has a number; None if none is."""
+        for block, path, data in self.blocks[:1] if own_only else self.blocks:
+            holder = data.get(section) if section else data
+            for name in names:
+                entry = (holder or {}).get(name)
+                if (_number(entry) is not None) if numeric else bool(entry):
+                    self.paths[fact_key(block, figure)] = path + ((section,) if section else ()) + (name,)
+                    return entry
+        return None
 
-    nic = _value(data.get("network"), "nic_per_gpu_Gbps")
-    system = ((data.get("network") or {}).get("nic_per_gpu_Gbps") or {}).get("system") if nic else None
-    tiles = tuple(tuple(int(x) for x in t.split("x")) for t in defaults["gemm_tiles"]["value"])
-    return Efficiency(
-        gpu=name, sm_count=int(_value(data, "sm_count")), matmul=matmul,
-        misaligned=_value(data, "matmul_misaligned") or _value(defaults, "matmul_misaligned"),
-        misaligned_align2=_value(data, "matmul_misaligned_align2") or _value(defaults, "matmul_misaligned_align2"),
-        hbm=_value(data, "hbm") or _value(defaults, "hbm"),
-        launch_us=overhead("gpu_side_us"),
-        dispatch_us=overhead("eager_dispatch_us"), engine_dispatch_us=overhead("engine_dispatch_us"),
-        python_op_us=overhead("python_op_us"),
-        cpp_op_us=overhead("cpp_op_us"), module_call_us=overhead("module_call_us"),
+    def figure(self, figure: str, section: str, *names: str, own_only: bool = False) -> float | None:
+        """The first numeric value of `names` in `section` (a range: its low end), the GPU's own before the
+        defaults'; None if neither has one."""
+        return _number(self.entry(figure, section, *names, numeric=True, own_only=own_only))
+
+
+def _nccl_entries(reader: _Reader) -> tuple[dict, dict]:
+    """The `nccl_coll_channels` and `nccl_nvls_channels` entries of a GPU (else of the defaults)."""
+    return (reader.entry("nccl_coll_channels", "network", "nccl_coll_channels"),
+            reader.entry("nccl_nvls_channels", "network", "nccl_nvls_channels"))
+
+
+def _default_nic() -> dict:
+    return efficiency_json()["defaults"]["network"]["nic_per_gpu_Gbps"]
+
+
+def _reader(name: str | None) -> _Reader:
+    return _Reader(name, efficiency_json())
+
+
+def _read(name: str) -> tuple[Efficiency, dict[str, tuple[str, ...]]]:
+    """A GPU's Efficiency and the efficiency.json path of each entry it was read from, by fact key."""
+    read = _reader(name)
+    matmul = {d: read.figure(f"matmul.{d}", "matmul", d) for d in COMPUTE_DTYPES}
+
+    def overhead(key: str, figure: str | None = None) -> float:
+        return read.figure(figure or key, "launch_overhead_us", key)
+
+    network = read.entry("nic_Gbps", "network", "nic_per_gpu_Gbps", numeric=True)
+    system = network.get("system") or _default_nic()["system"]
+    tiles = efficiency_json()["defaults"]["gemm_tiles"]
+    read.paths[fact_key("defaults", "tiles")] = ("defaults", "gemm_tiles")  # one tile list for every GPU
+    eff = Efficiency(
+        gpu=name, sm_count=int(read.figure("sm_count", "", "sm_count", own_only=True)), matmul=matmul,
+        misaligned=read.figure("misaligned", "", "matmul_misaligned"),
+        misaligned_align2=read.figure("misaligned_align2", "", "matmul_misaligned_align2"),
+        hbm=read.figure("hbm", "", "hbm"), launch_us=overhead("gpu_side_us", "launch_us"),
+        dispatch_us=overhead("eager_dispatch_us", "dispatch_us"), engine_dispatch_us=overhead("engine_dispatch_us"),
+        python_op_us=overhead("python_op_us"), cpp_op_us=overhead("cpp_op_us"),
+        module_call_us=overhead("module_call_us"),
         checkpoint_block_python_ops=overhead("checkpoint_block_python_ops"),
         checkpoint_policy_op_python_ops=overhead("checkpoint_policy_op_python_ops"),
-        attention=_value(data.get("attention"), "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
-                         "fwd_bwd_fraction_range") or _value(defaults["attention"], "fwd_bwd_fraction"),
-        nic_GBps=(nic or DEFAULT_NIC_Gbps) / 8, network=system or DEFAULT_NETWORK,
-        collective=pick("network", "nccl_intra_allreduce_busbw_fraction", "nccl_intra_over_pcie_fraction"),
-        inter_node_collective=pick("network", "nccl_inter_node_per_gpu_fraction"),
-        pcie=pick("network", "pcie_host_fraction"), tiles=tiles)
+        attention=read.figure("attention", "attention", "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
+                              "fwd_bwd_fraction_range"),
+        nic_GBps=_number(network) / 8, network=system,
+        collective=read.figure("collective", "network", "nccl_intra_allreduce_busbw_fraction",
+                               "nccl_intra_over_pcie_fraction"),
+        inter_node_collective=read.figure("inter_node_collective", "network", "nccl_inter_node_per_gpu_fraction"),
+        pcie=read.figure("pcie", "network", "pcie_host_fraction"),
+        tiles=tuple(tuple(int(x) for x in t.split("x")) for t in tiles["value"]), fact_keys=tuple(sorted(read.paths)))
+    return eff, read.paths
 
 
 @lru_cache(maxsize=1)
@@ -137,19 +182,44 @@ def efficiency_json() -> dict:
 
 @lru_cache(maxsize=1)
 def _table() -> dict[str, Efficiency]:
-    data = efficiency_json()
-    return {name: _entry(name, entry, data["defaults"]) for name, entry in data["gpus"].items()}
+    return {name: _read(name)[0] for name in efficiency_json()["gpus"]}
 
 
 def efficiency(gpu_name: str) -> Efficiency:
-    """The efficiency figures of a catalog GPU (KeyError for a name efficiency.json lacks)."""
-    return _table()[gpu_name]
+    """The efficiency figures of a catalog GPU (KeyError for a name efficiency.json lacks), recorded as read."""
+    return _table()[gpu_name].record()
 
 
 def efficiency_of(gpu) -> Efficiency:
     """The efficiency figures of a GPU as the user's system has it: its inter-node bandwidth where they gave it
-    (`GPU.nic_Gbps`), else efficiency.json's for the GPU's usual system."""
-    found = efficiency(gpu.name)
-    if gpu.nic_Gbps is None:
-        return found
-    return found.model_copy(update={"nic_GBps": gpu.nic_Gbps / 8, "network": "given"})
+    (`GPU.nic_Gbps`), else efficiency.json's for the GPU's usual system. Records the entries read."""
+    found = _table()[gpu.name]
+    if gpu.nic_Gbps is not None:
+        kept = tuple(key for key in found.fact_keys if not key.endswith(":nic_Gbps"))
+        found = found.model_copy(update={"nic_GBps": gpu.nic_Gbps / 8, "network": "given", "fact_keys": kept})
+    return found.record()
+
+
+# --- efficiency.json's entries as planner.facts --------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def efficiency_facts() -> dict[str, facts.Fact]:
+    """Every entry `efficiency_of` and `nccl_channels_of` read, as a planner.facts Fact under its key
+    ("efficiency:<GPU or defaults>:<figure>"), its note the entry's path in efficiency.json."""
+    paths: dict[str, tuple[str, ...]] = {}
+    for name in [*efficiency_json()["gpus"], None]:
+        reader = _reader(name)
+        _nccl_entries(reader)
+        paths.update({**(_read(name)[1] if name is not None else {}), **reader.paths})
+    return {key: _fact(key, path) for key, path in sorted(paths.items())}
+
+
+def _fact(key: str, path: tuple[str, ...]) -> facts.Fact:
+    entry = efficiency_json()
+    for part in path:
+        entry = entry[part]
+    return facts.Fact(key=key, value=entry["value"], unit=entry["unit"], source=entry["source"],
+                      measured_on=entry["measured_on"], fitted_to=tuple(entry["fitted_to"]),
+                      note="planner/hardware/efficiency.json " + ".".join(path))
+
+
+facts.register(PREFIX, efficiency_facts)

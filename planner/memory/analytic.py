@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner import facts
 from planner.models.spec import ModelSpec
 from planner.vocab import ACTIVATIONS, ADAPTER, CHECKPOINTING, KERNEL
 
-MASK_BYTES = 1          # torch.bool dropout masks
-LSE_BYTES = 4           # flash/mem-efficient attention's fp32 log-sum-exp per (head, position)
 #: HF models upcast logits to fp32 for the loss (`logits.float()` in transformers/loss/loss_utils.py
 #: `ForCausalLMLoss`) and cross_entropy keeps an fp32 log-softmax: T·V·(2 + 4 + 4) bytes under 16-bit matmuls.
 LOSS_FP32_BYTES = 4
@@ -67,14 +66,14 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     if KERNEL[attention].saves_scores:
         scores = seq_len * a * (w.matmul + w.kept + w.matmul)  # scores, softmax (fp32), probs cast for @V
         if spec.attention_dropout > 0:
-            scores += seq_len * a * (MASK_BYTES + w.matmul)
+            scores += seq_len * a * (facts.get("activations.dropout_mask_bytes") + w.matmul)
         attn_kernel = scores
     else:
-        attn_kernel = w.matmul * h + LSE_BYTES * a  # output + log-sum-exp
+        attn_kernel = w.matmul * h + facts.get("activations.attention_lse_bytes") * a  # output + log-sum-exp
     mlp_in = w.matmul * h
     experts = spec.experts_per_token if spec.num_experts > 1 else 1
     mlp_inner = (4 if spec.gated_mlp else 2) * w.matmul * f * experts
-    dropout = 2 * MASK_BYTES * h if spec.hidden_dropout > 0 else 0
+    dropout = 2 * facts.get("activations.dropout_mask_bytes") * h if spec.hidden_dropout > 0 else 0
     if CHECKPOINTING[checkpointing].per_op_policy:  # matmul and attention outputs only
         return (w.matmul * (h + 2 * h / tp + (3 * f if spec.gated_mlp else f) * experts / tp)
                 + (seq_len * a * w.matmul if KERNEL[attention].saves_scores else attn_kernel) / tp)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from planner import hardware
+from planner import facts, hardware
 from planner.config import Config
 from planner.errors import InputError
 from planner.memory import analytic, states
 from planner.memory.gpu import (
-    ACTIVATION_MARGIN, ANALYTIC_SLACK_FRACTION, BLAS_THREADS, DDP_BUCKET_CAP_BYTES, DS_REDUCE_BUCKETS_LIVE,
-    AllocatorView, DeepSpeedBuckets, cublas_workspace_bytes, cuda_context_bytes, model_buffer_bytes,
-    nccl_buffer_bytes, states_view,
+    AllocatorView, DeepSpeedBuckets, cublas_workspace_bytes, cuda_context_bytes, model_buffer_bytes, nccl_buffer_bytes,
+    states_view,
 )
 from planner.memory.whole_run import evaluation_view
 from planner.models import resolve_model
+from planner.models.adapters import NF4_FACTS
 from planner.models.build import build_meta
 from planner.program.trace import trace_activations, trace_sequence_fit
 from planner.program.workload import Workload
@@ -39,7 +39,7 @@ class MemoryTerms(BaseModel):
     allocator_slack: int = 0       # reserved - allocated
     cuda_context: int = 0          # outside the caching allocator
     nccl_buffers: int = 0          # outside the caching allocator
-    error_margin: int = 0          # held back for the model's measured error on activations (`gpu.ACTIVATION_MARGIN`)
+    error_margin: int = 0          # held back for the model's measured error on activations (memory.activation_margin)
 
     @property
     def allocated_overheads(self) -> int:
@@ -173,11 +173,12 @@ class Evaluation:
         self.resolved, self.seq_len, self.optimizer, self.objective = resolved, seq_len, optimizer, objective
         self.attention, self.gpus_per_node, self.device, self.gpu = attention, gpus_per_node, device, gpu
         self._adafactor: int | None = None
-        self._whole_run: dict[str, AllocatorView | None] = {}
+        self._whole_run: dict = {}  # configuration -> (its whole-run view or None, the facts it read)
 
     def states(self, cfg: Config) -> states.ModelStates:
         spec = self.resolved.spec
         frozen = spec.frozen_bytes(cfg.frozen_weight_bytes()) if ADAPTER[spec.adapter].trains_adapters else None
+        facts.record(*(NF4_FACTS if spec.quantized_parameters else ()))  # the spec's 4-bit bytes, computed once
         return states.states_for(cfg, spec.parameters, spec.trainable_parameters, self.optimizer,
                                  gpus_per_node=self.gpus_per_node, largest_layer=spec.largest_layer_parameters,
                                  adafactor_elements=self.adafactor_elements(), block_parameters=spec.block_parameters,
@@ -224,21 +225,19 @@ class Evaluation:
 
     def step_view(self, cfg: Config, act: int, method: EstimateMethod) -> AllocatorView:
         """What the caching allocator's statistics add to the step's own live bytes: replayed from the trace, or for a
-        formula estimate a share of its activations reserved (`gpu.ANALYTIC_SLACK_FRACTION`)."""
+        formula estimate a share of its activations reserved (memory.analytic_slack_fraction)."""
         if method == TRACE:
             fit = self._fit(cfg)
             view = AllocatorView(rounding=fit.rounding, slack=fit.slack)
             return view.scaled(analytic.tensor_parallel_share(self.workload, cfg)) if cfg.tensor_parallel > 1 else view
-        return AllocatorView(slack=int(ANALYTIC_SLACK_FRACTION * act))
+        return AllocatorView(slack=int(facts.get("memory.analytic_slack_fraction") * act))
 
     def whole_run_view(self, cfg: Config) -> AllocatorView | None:
         """The allocator's view of the whole run at full depth for the runs planner/memory/whole_run.py writes (one
         GPU or DDP, eager, the whole model on the Trainer's loss); None for others."""
         key = cfg.model_dump_json(include={"micro_batch", "grad_accum", "world_size", "precision", "checkpointing",
                                            "engine", "tensor_parallel", "compiled"})
-        if key not in self._whole_run:
-            self._whole_run[key] = evaluation_view(self, cfg)
-        return self._whole_run[key]
+        return facts.cached(self._whole_run, key, lambda: evaluation_view(self, cfg))
 
     def allocator_view(self, cfg: Config, act: int, method: EstimateMethod, states_) -> AllocatorView:
         """Allocated beyond the tensors and reserved beyond allocated: the whole run's replay where it applies
@@ -290,7 +289,7 @@ def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: Estimat
         tensors += ms.host_tensors
     terms = _terms(spec, cfg, ms, view, transient, device, gpu, gpus_per_node)
     if device == "cuda" and not ESTIMATE[method].measured:
-        terms = terms.model_copy(update={"error_margin": int(ACTIVATION_MARGIN * act)})
+        terms = terms.model_copy(update={"error_margin": int(facts.get("memory.activation_margin") * act)})
     peak_allocated = tensors + terms.allocated_overheads
     overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
     return MemoryEstimate(
@@ -305,12 +304,12 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, view: AllocatorView, trans
     """The model's and the engine's buffers (on any device) and, on CUDA, what the caching allocator and the driver
     add."""
     ddp = ms.gradients if cfg.world_size > 1 and cfg.engine == TORCH else 0  # gradient_as_bucket_view=False
-    if ddp and device == "cpu":  # gloo's ring all-reduce works on a copy of one bucket (DDP_BUCKET_CAP_BYTES)
-        ddp += min(ms.gradients, DDP_BUCKET_CAP_BYTES)
+    if ddp and device == "cpu":  # gloo's ring all-reduce works on a copy of one bucket
+        ddp += min(ms.gradients, facts.get("ddp.bucket_cap_bytes"))
     zero = 0
     if cfg.engine == DEEPSPEED:
         buckets = DeepSpeedBuckets.for_hidden(spec.hidden)
-        live = DS_REDUCE_BUCKETS_LIVE * buckets.reduce_bucket_size + buckets.allgather_bucket_size
+        live = facts.get("deepspeed.reduce_buckets_live") * buckets.reduce_bucket_size + buckets.allgather_bucket_size
         if cfg.zero_stage == 3:
             live += buckets.stage3_prefetch_bucket_size
         elif OFFLOAD[cfg.offload].optimizer_on_cpu:  # the 16-bit gradient partition, beside the estimator's states
@@ -319,10 +318,10 @@ def _terms(spec, cfg: Config, ms: states.ModelStates, view: AllocatorView, trans
     buffers = model_buffer_bytes(spec, cfg)
     if device != "cuda":
         return MemoryTerms(optimizer_transient=transient, model_buffers=buffers, ddp_buckets=ddp, zero_buckets=zero)
+    workspaces = facts.get("cuda.blas_threads") * cublas_workspace_bytes(gpu)  # one per thread that runs matmuls
     return MemoryTerms(
-        optimizer_transient=transient, model_buffers=buffers,
-        cublas_workspace=BLAS_THREADS * cublas_workspace_bytes(gpu), ddp_buckets=ddp, zero_buckets=zero,
-        allocator_rounding=view.rounding, allocator_slack=view.slack,
+        optimizer_transient=transient, model_buffers=buffers, cublas_workspace=workspaces, ddp_buckets=ddp,
+        zero_buckets=zero, allocator_rounding=view.rounding, allocator_slack=view.slack,
         cuda_context=cuda_context_bytes(gpu), nccl_buffers=nccl_buffer_bytes(gpu, cfg, gpus_per_node))
 
 

@@ -3,7 +3,7 @@ use, plus NVLink SHARP's multicast buffers. They live outside torch's caching al
 them out; nvidia-smi counts them).
 
 Sources are NCCL's own (NVIDIA/nccl@5067397, NCCL 2.30.7) and its NCCL_DEBUG=INFO logs on the systems
-planner/hardware/efficiency.json cites for each GPU's channel count:
+planner/hardware/efficiency.json cites for each GPU's channel count; the sizes are facts (planner/facts/nccl.json):
 
 * One connection carries three protocols, each a FIFO of NCCL_STEPS = 8 slots (src/init.cc:810-813
   `DEFAULT_LL_BUFFSIZE`, `DEFAULT_LL128_BUFFSIZE`, `DEFAULT_BUFFSIZE`): LL 8 lines x 512 threads x 8 steps x 16 B =
@@ -58,34 +58,22 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from planner import facts
 from planner.hardware.efficiency_data import NcclChannels
-
-MiB = 2**20
-NCCL_STEPS = 8
-#: LL: NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x sizeof(ncclLLFifoLine)
-#: (src/include/device.h:97-98)
-LL_BYTES = 8 * 512 * NCCL_STEPS * 16
-#: LL128: NCCL_LL128_ELEMS_PER_THREAD x NCCL_LL128_MAX_NTHREADS x NCCL_STEPS x 8 B (src/include/device.h:114-115)
-LL128_BYTES = 120 * 640 * NCCL_STEPS * 8
-#: Simple: NCCL_BUFFSIZE's default, DEFAULT_BUFFSIZE (1 << 22) (src/init.cc:812)
-SIMPLE_BYTES = 4 * MiB
-#: ncclSendMem / ncclRecvMem, each padded to MEM_ALIGN (src/include/comm.h:53-78)
-CONN_HEADER_BYTES = 4096
-#: What each buffer is rounded up to (CUDA_IPC_MIN, src/include/comm.h:46)
-ALIGN_BYTES = 2 * MiB
-#: NVLS: NVLS_CHUNKSIZE (128 KiB, src/transport/nvls.cc:160) x NCCL_STEPS per channel and direction
-NVLS_BUFF_BYTES = 128 * 1024 * NCCL_STEPS
-#: Channels per NIC peer across nodes, NCCL_NCHANNELS_PER_NET_PEER's usual value
-NET_CHANNELS_PER_PEER = 2
 
 
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+    align = facts.get("nccl.ipc_align_bytes")
+    return -(-nbytes // align) * align
 
 
-#: One rank's share of a connection pair on one channel: the receive page with the three protocols' buffers and
-#: the send page (P2P write; with P2P read the Simple buffer moves to the send page, the same 12 MiB in all).
-PAIR_BYTES = _aligned(CONN_HEADER_BYTES + LL_BYTES + LL128_BYTES + SIMPLE_BYTES) + _aligned(CONN_HEADER_BYTES)
+def pair_bytes() -> int:
+    """One rank's share of a connection pair on one channel: the receive page with the three protocols' buffers and
+    the send page (P2P write; with P2P read the Simple buffer moves to the send page, the same 12 MiB in all)."""
+    header = facts.get("nccl.conn_header_bytes")
+    protocols = facts.get("nccl.ll_buffer_bytes") + facts.get("nccl.ll128_buffer_bytes") + facts.get(
+        "nccl.simple_buffer_bytes")
+    return _aligned(header + protocols) + _aligned(header)
 
 
 class NcclBuffers(BaseModel):
@@ -115,13 +103,14 @@ def communicator_buffers(channels: NcclChannels, ranks: int, local_ranks: int, g
         return NcclBuffers()
     local_ranks = max(1, min(local_ranks, ranks))
     nodes = -(-ranks // local_ranks)
-    coll = channels.coll if local_ranks > 1 else NET_CHANNELS_PER_PEER
-    ring = tree = coll * PAIR_BYTES
+    coll = channels.coll if local_ranks > 1 else facts.get("nccl.net_channels_per_peer")
+    pair = pair_bytes()
+    ring = tree = coll * pair
     nvls_channels = channels.nvls if nodes == 1 else channels.nvls_inter_node
-    nvls = nvls_channels * 2 * NVLS_BUFF_BYTES * local_ranks if local_ranks > 1 else 0
+    nvls = nvls_channels * 2 * facts.get("nccl.nvls_buffer_bytes") * local_ranks if local_ranks > 1 else 0
     pat = 0
     if local_ranks == 1 and gathers:
-        pat = coll * PAIR_BYTES * 2 * (math.ceil(math.log2(ranks)) - 1)
+        pat = coll * pair * 2 * (math.ceil(math.log2(ranks)) - 1)
     return NcclBuffers(ring=ring, tree=tree, nvls=nvls, pat=pat)
 
 

@@ -1,7 +1,7 @@
 """Model states per GPU: parameters, gradients, optimizer states. Pure functions, bytes.
 
-Every bytes-per-parameter constant is named here once with where it comes from (ZeRO paper arXiv 1910.02054,
-Fig. 1 and section 3; DeepSpeed 0.19.8 `estimate_zero{2,3}_model_states_mem_needs`; torch's FSDP2 `fully_shard`).
+Every engine's bytes per parameter is a fact (planner/facts/engines.json) with where it comes from (ZeRO paper arXiv
+1910.02054, Fig. 1 and section 3; DeepSpeed 0.19.8 `estimate_zero{2,3}_model_states_mem_needs`; FSDP2 `fully_shard`).
 The per-value facts (bytes per state element, weight widths) are in `planner.vocab`'s tables; `Config` derives
 the widths of one configuration.
 
@@ -24,27 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner import facts
 from planner.config import FP32_BYTES, Config
 from planner.vocab import FSDP, NO_CHECKPOINTING, NO_OFFLOAD, OFFLOAD, OPTIMIZER
-
-#: DeepSpeed mixed precision: fp32 master weights (4) and the fp32 gradient partition (4) the optimizer
-#: steps on, held by the ZeRO optimizer next to the Adam states (deepspeed/runtime/zero/stage_1_and_2.py, the
-#: "18 = 2 grads16 + 4 grads32 + 4 params32 + 8 optim32" comment in `DeepSpeedZeroOptimizer`).
-DS_GRAD32_BYTES = 4
-#: DeepSpeed ZeRO-3 counts 18 B/param with Adam: 2 params16 + 4 gradient bytes (16-bit partition and its
-#: fp32 upcast) + 12 optimizer (master + m + v). Its largest layer is gathered whole, counted at 4 B/param
-#: (deepspeed/runtime/zero/stage3.py `estimate_zero3_model_states_mem_needs`).
-DS_Z3_GRAD_BYTES = 4
-DS_Z3_GATHERED_LAYER_BYTES = 4
-#: DeepSpeed's estimators multiply CPU memory by this for pinned buffers (`additional_buffer_factor`, same file).
-DS_CPU_BUFFER_FACTOR = 1.5
-#: With offload and gradient accumulation, DeepSpeed ZeRO-1/2 accumulates each parameter's gradient in a host
-#: buffer of the parameter's 16-bit dtype (stage_1_and_2.py `async_accumulate_grad_in_cpu_via_gpu`,
-#: `buffer_to_accumulate_to_in_cpu`: torch.zeros(param.numel(), dtype=param.dtype)).
-DS_CPU_ACCUMULATION_BYTES = 2
-#: FSDP2 prefetches the next block's all-gather while one block computes: two blocks' unsharded weights live
-#: (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: forward prefetch of one group, backward likewise).
-FSDP_GATHERED_BLOCKS = 2
 
 @dataclass(frozen=True)
 class ModelStates:
@@ -140,24 +122,26 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
         if offload.optimizer_on_cpu:  # gradients stream to the CPU optimizer; only the 16-bit weights stay
             grads, optim = 0, 0
         else:
-            grad32 = DS_GRAD32_BYTES * trainable if cfg.master_bytes() else 0
+            grad32 = facts.get("deepspeed.grad32_bytes") * trainable if cfg.master_bytes() else 0
             grads16 = trainable * width // (world if cfg.zero_stage == 2 else 1)
             grads = grads16 + grad32 // world
             optim = optim_total // world
-        cpu = parameters * max(4 * world, 16) * DS_CPU_BUFFER_FACTOR if offload.optimizer_on_cpu else 0
-        host = 0
+        cpu = host = 0
         if offload.optimizer_on_cpu:  # fp32 master, optimizer states and fp32 gradient partition; accumulation
-            host = (optim_total + DS_GRAD32_BYTES * trainable) // world
-            host += DS_CPU_ACCUMULATION_BYTES * trainable if cfg.grad_accum > 1 else 0
+            cpu = parameters * max(4 * world, 16) * facts.get("deepspeed.cpu_buffer_factor")
+            host = (optim_total + facts.get("deepspeed.grad32_bytes") * trainable) // world
+            host += facts.get("deepspeed.cpu_accumulation_bytes") * trainable if cfg.grad_accum > 1 else 0
     else:
-        gathered = DS_Z3_GATHERED_LAYER_BYTES * largest_layer
+        gathered = facts.get("deepspeed.z3_gathered_layer_bytes") * largest_layer
         params = gathered + (0 if offload.params_on_cpu else parameters * width // world)
-        grads = 0 if offload.optimizer_on_cpu else (DS_Z3_GRAD_BYTES if cfg.master_bytes() else FP32_BYTES) * trainable // world
-        optim = 0 if offload.optimizer_on_cpu else optim_total // world
-        # host memory with zero.Init (zero3_init_flag, as we emit): 18 or 16 B/param over the nodes
-        per_param_cpu = 18 if offload.params_on_cpu else 16
-        cpu = parameters * per_param_cpu / nodes * DS_CPU_BUFFER_FACTOR if offload.optimizer_on_cpu else 0
-        host = (optim_total + DS_GRAD32_BYTES * trainable) // world if offload.optimizer_on_cpu else 0
+        grads = optim = cpu = host = 0
+        if not offload.optimizer_on_cpu:
+            grads = (facts.get("deepspeed.z3_grad_bytes") if cfg.master_bytes() else FP32_BYTES) * trainable // world
+            optim = optim_total // world
+        else:  # host memory with zero.Init (zero3_init_flag, as we emit): 18 or 16 B/param over the nodes
+            per_param_cpu = 18 if offload.params_on_cpu else 16
+            cpu = parameters * per_param_cpu / nodes * facts.get("deepspeed.cpu_buffer_factor")
+            host = (optim_total + facts.get("deepspeed.grad32_bytes") * trainable) // world
         host += parameters * width // world if offload.params_on_cpu else 0
     return ModelStates(parameters=int(params), gradients=int(grads), optimizer_states=int(optim), cpu_bytes=int(cpu),
                        host_tensors=int(host))
@@ -174,7 +158,7 @@ def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block
     stored = FP32_BYTES * parameters if frozen_bytes is None else FP32_BYTES * trainable + frozen_bytes
     shard = stored // world
     # FSDP gathers over the data-parallel ranks only: a tensor-parallel rank holds 1/tp of every gathered weight
-    gathered = (FSDP_GATHERED_BLOCKS * block * width if cfg.zero_stage == 3 else parameters * width) // (
+    gathered = (facts.get("fsdp.gathered_blocks") * block * width if cfg.zero_stage == 3 else parameters * width) // (
         cfg.tensor_parallel)
     grads = FP32_BYTES * trainable // world
     optim = optim_fp32 // world

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from planner import facts
 from planner.memory.allocator import replay
-from planner.memory.gpu import (
-    BLAS_THREADS, DDP_BUCKET_CAP_BYTES, AllocatorView, cublas_workspace_bytes, model_buffer_bytes, state_tensors,
-)
+from planner.memory.gpu import AllocatorView, cublas_workspace_bytes, model_buffer_bytes, state_tensors
 from planner.program.regions import Template, decode
 from planner.program.trace import TRACED_LAYERS_ALTERNATING, cached_trace, traced_layers
 from planner.vocab import ADAPTER, LABELS_OBJECTIVE, TORCH
@@ -265,13 +264,13 @@ def run_allocations(spec, cfg, optimizer: str, gpu, batch: tuple[int, ...]) -> R
     weights += [buffers] if buffers else []
     buckets: list[int] = []
     if cfg.world_size > 1:  # DDP's flat gradient buckets, at its cap (torch/nn/parallel/distributed.py)
-        total = sum(n for n in spec.tensor_sizes if n > 0) * cfg.grad_bytes()
-        buckets = [DDP_BUCKET_CAP_BYTES] * (total // DDP_BUCKET_CAP_BYTES) + [total % DDP_BUCKET_CAP_BYTES]
+        total, cap = sum(n for n in spec.tensor_sizes if n > 0) * cfg.grad_bytes(), facts.get("ddp.bucket_cap_bytes")
+        buckets = [cap] * (total // cap) + [total % cap]
     count, state_width = state_tensors(cfg, optimizer)
     step = (4,) if count else ()  # Adam's `step` lives on the GPU when fused (torch/optim/adam.py `_init_group`)
     states = tuple(step + (n * state_width,) * count for n in spec.tensor_sizes if n > 0)
     return RunAllocations(weights=tuple(weights), buckets=tuple(b for b in buckets if b), batch=batch,
-                          workspaces=(cublas_workspace_bytes(gpu),) * BLAS_THREADS, states=states,
+                          workspaces=(cublas_workspace_bytes(gpu),) * facts.get("cuda.blas_threads"), states=states,
                           grad_accum=cfg.grad_accum)
 
 
@@ -298,12 +297,19 @@ def whole_run_view(first: Template, accumulating: Template | None, layers: int, 
     tensors then fit the segments left can turn on it. The lent H100's steps show both outcomes: BERT-large's follow
     the workspaces placed at their first matmuls, BLOOM-560m's selective-checkpointing ones follow the workspaces
     kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/gpu_measured-H100-80GB.json);
-    what the real run does first is not in the trace. The estimate takes the replay that reserves more above the
-    requested bytes."""
-
+    what the real run does first is not in the trace. Which replay the estimate takes is a choice fitted to those steps
+    (`allocator.workspace_placement`: the larger, the one that reserves more above the requested bytes)."""
+    placement = facts.get("allocator.workspace_placement")
     variants = whole_run_variants(first, accumulating, layers, period, run)
     views = [AllocatorView.of(replay(events)) for events in variants]
-    return max(views, key=lambda view: view.rounding + view.slack)
+    if placement not in WORKSPACE_PLACEMENTS:
+        raise ValueError(f"allocator.workspace_placement must be one of {', '.join(WORKSPACE_PLACEMENTS)}")
+    return WORKSPACE_PLACEMENTS[placement](views)
+
+
+#: How `whole_run_view` picks among `whole_run_variants`' replays (workspaces at the first matmuls, before the run)
+WORKSPACE_PLACEMENTS = {"larger": lambda views: max(views, key=lambda view: view.rounding + view.slack),
+                        "first_matmul": lambda views: views[0], "before_run": lambda views: views[1]}
 
 
 def evaluation_view(evaluation, cfg) -> AllocatorView | None:

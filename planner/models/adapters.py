@@ -17,6 +17,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass
 
+from planner import facts
 from planner.errors import InputError
 from planner.vocab import ADAPTER, ALL_LINEAR, AUTO, CLASS_LABELS, NO_ADAPTER, TASK, TOKEN_LABELS, task_of_class
 
@@ -27,22 +28,17 @@ DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
 
 
-#: bitsandbytes NF4 storage (bitsandbytes 0.50 functional.py `quantize_4bit`): two 4-bit codes per uint8 byte; one
-#: absmax per block of 64 elements (blocksize None -> 64), fp32; with double quantisation (`compress_statistics`)
-#: the absmax values, less their mean (one fp32 offset), are themselves quantised to uint8 in blocks of 256
-#: (`quantize_blockwise(_absmax - offset, blocksize=256)`) with one fp32 absmax per such block. Checked on a real
-#: 4096 x 11008 tensor: 0.5625 and 0.51589 bytes per element, against 0.5625 and 0.51587 here (the rest is each
-#: tensor's 64-byte NF4 code and, with double quantisation, its 1 KiB second-level code).
-NF4_BLOCK = 64
-NF4_SECOND_BLOCK = 256
+#: The facts `nf4_bytes` reads, for callers that use a spec's stored 4-bit bytes (computed once per model)
+NF4_FACTS = ("bitsandbytes.nf4_block", "bitsandbytes.nf4_second_block")
 
 
 def nf4_bytes(elements: int, double_quant: bool) -> int:
-    """Bytes bitsandbytes keeps for `elements` weights in 4-bit NF4 (QLoRA's base)."""
-    blocks = math.ceil(elements / NF4_BLOCK)
+    """Bytes bitsandbytes keeps for `elements` weights in 4-bit NF4 (QLoRA's base): two codes a byte, an fp32 absmax
+    per block, or with double quantisation a uint8 one and an fp32 absmax per second-level block plus the offset."""
+    blocks = math.ceil(elements / facts.get("bitsandbytes.nf4_block"))
     if not double_quant:
         return math.ceil(elements / 2) + 4 * blocks
-    return math.ceil(elements / 2) + blocks + 4 * (math.ceil(blocks / NF4_SECOND_BLOCK) + 1)
+    return math.ceil(elements / 2) + blocks + 4 * (math.ceil(blocks / facts.get("bitsandbytes.nf4_second_block")) + 1)
 
 
 

@@ -22,7 +22,7 @@ connected ops (a reduction over another axis, as a norm's weight gradient) and m
 loops): run for real on the CPU, its C++ backend launched 27 kernels where this grouping counts 47 (two-block Llama
 step, benchmarks/compile_cpu.py); its GPU backend's count is unmeasured here. tests/test_compile.py checks the
 grouping on hand-built graphs. The graphs' op count also sizes the first step's compile time
-(`COMPILE_SECONDS_PER_OP`).
+(`inductor.compile_seconds_per_op`).
 
 Traced without checkpointing: under checkpointing a block saves its input whatever the partitioner does, so the
 memory effect is reported for unchecked steps only, and the kernel ratios apply to the recomputed forward as well.
@@ -32,41 +32,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner import facts
 from planner.cache import load_json, store_json
 from planner.program.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE, _MATMULS
 from planner.program.step import forward_loss
 from planner.program.trace import fake_step_model, trace_key
 from planner.vocab import NO_CHECKPOINTING
 
-#: Seconds of the first compiled step per op of the joint forward+backward graph (Dynamo, AOTAutograd, Inductor's
-#: lowering and Triton's kernel compilation all grow with the graph). From the cold first forward+backward of
-#: torch 2.13 default `torch.compile` on a B200 with a fresh Inductor cache: "about 22s (1B) and 47s (8B)"
-#: (stas00/ml-engineering@744d01e:training/performance/README.md, section torch.compile; NousResearch/Llama-3.2-1B
-#: seq 512 and Llama-3.1-8B seq 8192, bf16, batch 1), over the two models' joint graphs
-#: in the bf16 program, `compile_effect` at one and two blocks extrapolated over depth: 3,507 and 6,951 ops, i.e.
-#: 6.27 and 6.76 ms per op): their mean, in-sample for those two models. It is a host-CPU cost: a slower host
-#: compiles slower, a warm Inductor cache (a second run of the same program) much faster.
-COMPILE_SECONDS_PER_OP = 6.5e-3
-#: What the published compiled steps take beyond this model, on the device side. On the compute-bound row
-#: (Llama-3.1-8B, seq 8192, full checkpointing, B200, torch 2.13: eager 590.7 ms, compiled 630.2 ms; same source as
-#: COMPILE_SECONDS_PER_OP) the modelled compiled micro-step (446.1 ms) misses by 1.413x while the modelled eager one
-#: (523.8 ms) misses by 1.128x: compiling costs the device 1.413 / 1.128 = 1.25x what the fused roofline says.
-#: Unexplained op by op (no profile of a compiled step has been taken here): it is applied to the compiled
-#: micro-step's device time so that a plan does not promise a gain the only published large compiled step did not
-#: show. In-sample for that row; benchmarks/compile_accuracy.py reports the other rows against it.
-COMPILED_DEVICE_RESIDUAL = 1.25
 CACHE_VERSION = 2
 _CONVOLUTIONS = ("convolution", "convolution_backward")  # library calls beside the op profile's matmuls
 #: Ops that reduce (over their last dimension where they keep their input's shape: softmax, norms).
 _REDUCTIONS = ("sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "std", "prod", "logsumexp", "norm",
                "linalg_vector_norm", "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
                "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "nll_loss_forward")
-#: A reduction over more elements than this runs as a looped reduction: Inductor keeps a row on chip (a persistent
-#: reduction, which reads it once) only up to 1024 elements for reductions over the innermost dimension
-#: (torch/_inductor/choices.py `should_use_persistent_reduction`: threshold {ReductionHint.INNER: 1024}, else 64).
-#: A looped reduction whose result the same kernel then applies to the row (a norm's scale, softmax's
-#: normalisation) reads the row a second time.
-PERSISTENT_REDUCTION_MAX = 1024
 FORWARD, BACKWARD = "forward", "backward"
 
 
@@ -110,11 +88,14 @@ class CompileEffect:
         return int(max(0.0, self.saved_less_per_block * layers) * micro_batch)
 
     def phase(self, phase: str) -> GraphCost:
+        """One phase's graph costs (grouped with `inductor.persistent_reduction_max`, recorded as read: the effect is
+        cached on disk and per workload)."""
+        facts.record("inductor.persistent_reduction_max")
         return self.forward if phase == FORWARD else self.backward
 
     def compile_seconds(self, layers: int) -> float:
         """The first step's compile time for the whole model (every block traced: Dynamo unrolls the layers)."""
-        return COMPILE_SECONDS_PER_OP * (self.ops_fixed + self.ops_per_block * layers)
+        return facts.get("inductor.compile_seconds_per_op") * (self.ops_fixed + self.ops_per_block * layers)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -204,7 +185,8 @@ def graph_cost(graph) -> GraphCost:
 
 
 def _looped(node) -> bool:
-    """A reduction over more elements than a persistent reduction holds."""
+    """A reduction over more elements than a persistent reduction holds (`inductor.persistent_reduction_max`): it
+    loops, and reads the row again where the same kernel applies its result to it."""
     if _name(node) not in _REDUCTIONS or not node.all_input_nodes:
         return False
     first, out = node.all_input_nodes[0].meta.get("val"), node.meta.get("val")
@@ -212,7 +194,7 @@ def _looped(node) -> bool:
         return False
     out = out[0] if isinstance(out, (list, tuple)) else out
     reduced = first.numel() // max(1, out.numel()) if out.numel() < first.numel() else first.shape[-1]
-    return reduced > PERSISTENT_REDUCTION_MAX
+    return reduced > facts.get("inductor.persistent_reduction_max")
 
 
 def _users(node, kind) -> list:

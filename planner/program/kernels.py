@@ -22,11 +22,8 @@ package's FlashAttention-2 saves what SDPA's flash kernel saves.
 
 from __future__ import annotations
 
+from planner import facts
 from planner.vocab import EAGER, FLASH
-
-FLASH_MIN_CC = (8, 0)
-EFFICIENT_MIN_CC = (5, 0)
-FLASH_MAX_HEAD_DIM = 256
 
 
 def attention_kernel(implementation: str, *, device: str, compute_capability: tuple[int, int] | None, half: bool,
@@ -40,9 +37,10 @@ def attention_kernel(implementation: str, *, device: str, compute_capability: tu
         return "flash"
     if device == "cpu":
         return "math" if dropout > 0 else "flash"
-    cc = compute_capability or FLASH_MIN_CC
-    if cc >= FLASH_MIN_CC and half and head_dim <= FLASH_MAX_HEAD_DIM and head_dim % 8 == 0:
+    flash_min = facts.get("sdpa.flash_min_cc")
+    cc = compute_capability or flash_min
+    if cc >= flash_min and half and head_dim <= facts.get("sdpa.flash_max_head_dim") and head_dim % 8 == 0:
         return "flash"
-    if cc >= EFFICIENT_MIN_CC and head_dim % (8 if half else 4) == 0 and not grouped_query:
+    if cc >= facts.get("sdpa.efficient_min_cc") and head_dim % (8 if half else 4) == 0 and not grouped_query:
         return "efficient"
     return "math"

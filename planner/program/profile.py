@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+from planner import facts
 from planner.vocab import CHECKPOINTING, FP32_COMPUTE
 
 _MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # op -> the two operand positions
@@ -269,21 +270,13 @@ class OpRecorder(TorchDispatchMode):
 __all__ = ["OpRecorder", "Profile", "HALF", "FULL"]
 
 
-#: For models that cannot be traced: per block and token, the bytes non-GEMM kernels move (in units of the hidden
-#: size, 2-byte elements) and the kernels a block launches, forward; the backward is taken as twice the forward.
-#: Korthikanti et al. 2022 (arXiv 2205.05198) count 34 saved values of size h per token and block for a GPT block;
-#: the kernels reading and writing them move about that many.
-ANALYTIC_BYTES_PER_TOKEN_H = 34
-ANALYTIC_KERNELS_PER_BLOCK = 30
-#: nn.Module calls of a transformer block: attention with its 4 projections, 2 norms, an MLP of 2-3 linears and
-#: its activation, dropouts: about 10 (counted in transformers' GPT-2 and Llama blocks).
-ANALYTIC_MODULES_PER_BLOCK = 10
-
-
 def analytic_profile(spec, seq_len: int, checkpointing: str) -> tuple[Profile, int]:
-    """A profile from the architecture's shapes, at micro-batch 1 (the fallback when tracing fails)."""
-
+    """A profile from the architecture's shapes, at micro-batch 1 (the fallback when tracing fails): per block and
+    token the non-GEMM kernels move `analytic_profile.bytes_per_token_h` values of the hidden size, in
+    `analytic_profile.kernels_per_block` kernels, the backward twice the forward."""
     profile, t, h = Profile(), seq_len, spec.hidden
+    per_token_h = facts.get("analytic_profile.bytes_per_token_h")
+    block_kernels = facts.get("analytic_profile.kernels_per_block")
     kv = spec.kv_heads * spec.head_dim
     gemms = [(h, h + 2 * kv), (h, h), (h, spec.ffn * (2 if spec.gated_mlp else 1)), (spec.ffn, h)]
     info = CHECKPOINTING[checkpointing]
@@ -295,14 +288,14 @@ def analytic_profile(spec, seq_len: int, checkpointing: str) -> tuple[Profile, i
                 profile.matmuls[key] = profile.matmuls.get(key, 0.0) + passes * spec.layers
         flops = 4.0 * spec.heads * t * t * spec.head_dim * (passes if phase == "forward" else 2.5) * spec.layers
         profile.attention[f"{HALF},{phase}"] = [flops, 4.0 * t * h * 2 * spec.layers, 0.0, passes * spec.layers]
-        moved = ANALYTIC_BYTES_PER_TOKEN_H * h * 2 * t * spec.layers * (passes if phase == "forward" else 2)
-        kernels = ANALYTIC_KERNELS_PER_BLOCK * spec.layers * (passes if phase == "forward" else 2)
+        moved = per_token_h * h * 2 * t * spec.layers * (passes if phase == "forward" else 2)
+        kernels = block_kernels * spec.layers * (passes if phase == "forward" else 2)
         profile.memory[f"{HALF},{phase}"] = [moved, 0.0, kernels]
         launched = kernels + 4 * spec.layers * (passes if phase == "forward" else 2) + spec.layers * passes
         profile.count(PY_KERNELS if phase == "forward" else ENGINE_KERNELS, launched)
-    profile.count(MODULE_CALLS, ANALYTIC_MODULES_PER_BLOCK * spec.layers * forwards)
+    profile.count(MODULE_CALLS, facts.get("analytic_profile.modules_per_block") * spec.layers * forwards)
     if info.per_op_policy:  # a block's forward launches (its kernels, GEMMs, attention), in forward and recompute
-        profile.count(POLICY_OPS, 2 * spec.layers * (ANALYTIC_KERNELS_PER_BLOCK + len(gemms) + 1))
+        profile.count(POLICY_OPS, 2 * spec.layers * (block_kernels + len(gemms) + 1))
     if spec.has_lm_head:
         profile.matmuls[f"1,{t},{spec.vocab},{h},{HALF},forward,0100"] = 1.0
         profile.matmuls[f"1,{t},{h},{spec.vocab},{HALF},backward,0100"] = 1.0

@@ -6,19 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from planner import facts
 from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
-from planner.memory.gpu import DDP_BUCKET_CAP_BYTES, DeepSpeedBuckets
+from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.spec import ModelSpec
 from planner.speed.kernels import host_link
 from planner.vocab import CHECKPOINTING, DEEPSPEED, OFFLOAD, TORCH
-
-#: DDP's first gradient bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB); the others are
-#: gpu.DDP_BUCKET_CAP_BYTES. After the first iteration DDP's reducer rebuilds its buckets in the order the
-#: backward produced the gradients (torch/nn/parallel/distributed.py `_ddp_init_helper`: "bucket rebuild bucketizes
-#: parameters based on its real execution order in backward graph"), with these two caps.
-DDP_FIRST_BUCKET_BYTES = 2**20
 
 
 def ring_seconds(nbytes: float, world: int, per_node: int, gpu: GPU, eff: Efficiency) -> float:
@@ -140,7 +135,8 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
         return ring_seconds(nbytes, world, per_node, gpu, eff)
 
     if cfg.engine == TORCH:
-        buckets = gradient_buckets(spec, grad_bytes, (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES))
+        caps = (facts.get("ddp.first_bucket_bytes"), facts.get("ddp.bucket_cap_bytes"))  # rebuilt in backward order
+        buckets = gradient_buckets(spec, grad_bytes, caps)
         return exposed_seconds(buckets, backward_s, lambda nbytes: 2 * ring(nbytes))
     if cfg.engine == DEEPSPEED and cfg.zero_stage in (1, 2):
         cap = DeepSpeedBuckets.for_hidden(spec.hidden).reduce_bucket_size * grad_bytes

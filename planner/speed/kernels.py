@@ -12,28 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner import facts
 from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
+from planner.models.adapters import NF4_FACTS
 from planner.models.spec import ModelSpec
 from planner.program.profile import ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile
 from planner.vocab import CHECKPOINTING, FP32_COMPUTE, PRECISION
-
-#: A GEMM whose K loop is this long reaches half of its large-K efficiency: each tile streams K/64 slices through
-#: its pipeline, whose fill and drain cost a few slices. Chosen against XLA's measured H100 GEMM table
-#: (efficiency.json, H100-80GB shape_table_xla_sm90: 4096x4096 at K 256/512/1024/4096 run 392/543/677/783 TFLOPS),
-#: a GEMM micro-benchmark, not an end-to-end row; tests/test_throughput.py checks the shape model against it.
-K_HALF = 128
-
-
-#: Smaller cuBLAS tiles waste less of a small GEMM but run below the largest tiles' rate: efficiency taken as
-#: (tile area / 256x128) ** TILE_EXPONENT (same table: 256x4096x4096 reaches 412 TFLOPS only through small tiles).
-TILE_EXPONENT = 0.25
-
-
-#: What any GEMM kernel takes however small (prologue, K-loop fill, epilogue): the same table's smallest GEMM,
-#: 256x256x256, runs at 6.45 TFLOPS, i.e. 5.2 us.
-GEMM_LATENCY_S = 5.0e-6
 
 
 def compute_dtype(precision: str, half: bool) -> str:
@@ -47,14 +33,14 @@ def compute_dtype(precision: str, half: bool) -> str:
 
 def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> float:
     """Fraction of a large GEMM's rate this shape reaches: the best tile's wave quantization times tile size, and
-    the K loop's pipeline fill."""
-    best = 0.0
+    the K loop's pipeline fill (`gemm.tile_exponent`, `gemm.k_half`)."""
+    best, exponent = 0.0, facts.get("gemm.tile_exponent")
     for tm, tn in eff.tiles:
         tiles = b * math.ceil(m / tm) * math.ceil(n / tn)
         waves = math.ceil(tiles / eff.sm_count)
-        size = (tm * tn / (256 * 128)) ** TILE_EXPONENT
+        size = (tm * tn / (256 * 128)) ** exponent
         best = max(best, tiles / (waves * eff.sm_count) * size)
-    return best * k / (k + K_HALF)
+    return best * k / (k + facts.get("gemm.k_half"))
 
 
 def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> float:
@@ -63,19 +49,15 @@ def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> floa
     kernels, at the rate measured for their alignment (efficiency.json, benchmarks/derive_misaligned.py): an odd
     dimension the align1 kernels of GPT-2's 50257-token LM head, an even one the align2 kernels of BERT's 30522."""
     alignment = min(_alignment(int(round(d))) for d in (m, n, k))
-    if elem_bytes == 2 and alignment < TENSOR_CORE_ALIGNMENT:
+    if elem_bytes == 2 and alignment < facts.get("gemm.tensor_core_alignment"):
         return eff.misaligned if alignment == 1 else eff.misaligned_align2
     return eff.matmul[dtype]
 
 
-#: Elements a 16-bit GEMM dimension must be a multiple of for cuBLAS's full-width tensor-core kernels.
-TENSOR_CORE_ALIGNMENT = 8
-
-
 def _alignment(dim: int) -> int:
-    """The largest power of two up to TENSOR_CORE_ALIGNMENT that divides `dim`."""
-    alignment = 1
-    while alignment < TENSOR_CORE_ALIGNMENT and dim % (2 * alignment) == 0:
+    """The largest power of two up to `gemm.tensor_core_alignment` that divides `dim`."""
+    alignment, full = 1, facts.get("gemm.tensor_core_alignment")
+    while alignment < full and dim % (2 * alignment) == 0:
         alignment *= 2
     return alignment
 
@@ -84,7 +66,7 @@ def gemm_seconds(b, m, n, k, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: 
     fraction = gemm_fraction(m, n, k, dtype, eff, elem_bytes)
     peak = gpu.peak_tflops_for(dtype) * 1e12 * fraction * gemm_efficiency(b, m, n, k, eff)
     moved = (b * (m * k + k * n + m * n)) * elem_bytes
-    return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + GEMM_LATENCY_S
+    return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + facts.get("gemm.latency_s")
 
 
 def bandwidth(gpu: GPU, eff: Efficiency) -> float:
@@ -134,11 +116,12 @@ def device_time(profile: Profile, scale: float, precision: str, gpu: GPU, eff: E
                 tp_share: float = 1.0) -> DeviceTime:
     """The GPU's side of `micro_step`, by kind of kernel."""
     gemm_s = attention_s = memory_s = 0.0
+    latency = facts.get("gemm.latency_s")  # a tensor-parallel slice still takes a whole GEMM's
     for count, dims, dtype, _phase, scaled in profile.gemms():
         dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
         cdtype = compute_dtype(precision, dtype == HALF)
         seconds = gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
-        gemm_s += count * (seconds if tp == 1 else max(seconds / tp, GEMM_LATENCY_S))
+        gemm_s += count * (seconds if tp == 1 else max(seconds / tp, latency))
     for key, (fl, scaled, fixed, count) in profile.attention.items():
         peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
         moved = scaled * scale + fixed
@@ -165,15 +148,11 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
 
 
-#: QLoRA dequantises each 4-bit weight to the compute dtype before its matmul, in the forward and again for the
-#: backward's input gradient (bitsandbytes/autograd/_functions.py `MatMul4Bit.forward` / `.backward`:
-#: `F.dequantize_4bit(B, quant_state)` then a 16-bit matmul); a checkpointed forward dequantises once more.
-DEQUANTIZE_PASSES = 2
-
-
 def dequantize_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:
-    """One micro-step's 4-bit dequantisation: each pass reads the packed weights and writes a 16-bit copy."""
+    """One micro-step's 4-bit dequantisation: each pass (`bitsandbytes.dequantize_passes`, a checkpointed forward one
+    more) reads the packed weights and writes a 16-bit copy."""
     if not spec.quantized_parameters:
         return 0.0
-    passes = DEQUANTIZE_PASSES + int(CHECKPOINTING[cfg.checkpointing].enabled)
+    facts.record(*NF4_FACTS)  # the spec's packed bytes
+    passes = facts.get("bitsandbytes.dequantize_passes") + int(CHECKPOINTING[cfg.checkpointing].enabled)
     return passes * (spec.quantized_bytes + 2 * spec.quantized_parameters) / bandwidth(gpu, eff)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from planner import facts
 from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import efficiency_of
@@ -28,7 +29,7 @@ class SpeedModel:
         self.setup = SpeedSetup(spec=workload.spec, gpu=gpu, eff=efficiency_of(gpu), seq_len=workload.seq_len,
                                 gpus_per_node=gpus_per_node, optimizer=workload.optimizer, adam_step=adam_step,
                                 train_steps=train_steps)
-        self._profiles: dict[tuple, tuple[Profile, int]] = {}
+        self._profiles: dict = {}  # (checkpointing, program) -> (profile and its micro-batch, facts it read)
 
     @property
     def eff(self):
@@ -37,13 +38,11 @@ class SpeedModel:
     def profile(self, cfg: Config) -> tuple[Profile, int]:
         """The traced op profile of `cfg`'s program and the micro-batch it was traced at (the formulas' profile where
         the model cannot be traced)."""
-        key = (cfg.checkpointing, cfg.activation_family())
-        if key not in self._profiles:
+        def traced_or_analytic() -> tuple[Profile, int]:
             found = speed_profile(self.workload, cfg)
-            if found is None:
-                found = analytic_profile(self.workload.spec, self.workload.seq_len, cfg.checkpointing)
-            self._profiles[key] = found
-        return self._profiles[key]
+            return found or analytic_profile(self.workload.spec, self.workload.seq_len, cfg.checkpointing)
+
+        return facts.cached(self._profiles, (cfg.checkpointing, cfg.activation_family()), traced_or_analytic)
 
     def traced_step(self, cfg: Config) -> TracedStep:
         profile, anchor = self.profile(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from planner import facts
 from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
@@ -12,25 +13,8 @@ from planner.models.spec import ModelSpec
 from planner.speed.kernels import MicroStep, bandwidth, host_link
 from planner.vocab import ADAM_STEP, DEEPSPEED, FUSED_STEP, OFFLOAD, OPTIMIZER, OPTIMIZER_STEP, PRECISION, AdamStep
 
-#: Bytes an optimizer whose step is not counted (bitsandbytes' 8-bit AdamW, Lion, LAMB) streams per trainable
-#: parameter per state byte width, beyond the weight and gradient it reads: it reads and writes each state once.
-#: The others count their accesses per program (`vocab.ADAM_STEP`, `vocab.OPTIMIZER_STEP`).
-STATE_PASSES = 2
-
-
 #: the torch.optim classes (`vocab.OPTIMIZER` torch_class) whose step `vocab.ADAM_STEP` describes
 ADAM_CLASSES = ("Adam", "AdamW")
-
-
-#: DeepSpeed's CPU Adam, parameters per second per node (ZeRO-Offload, arXiv 2101.06840, Fig. 7: ~1.5B params/s on a
-#: dual-socket host with AVX512; DeepSpeed PR #735: an 11.6B-parameter step in 8.2 s, 1.4B/s), shared by the node's
-#: ranks. Newer hosts with more cores step faster; a probe measures the user's.
-CPU_ADAM_PARAMS_PER_S = 1.5e9
-
-
-#: Elements one multi-tensor kernel launch covers at most: 320 blocks of 65536-element chunks
-#: (aten/src/ATen/native/cuda/MultiTensorApply.cuh `kChunkSize`, `depth_to_max_blocks`; CUDA 13 builds allow 7x more).
-FOREACH_LAUNCH_ELEMENTS = 65536 * 320
 
 
 def trainable_tensors(spec: ModelSpec) -> tuple[int, int]:
@@ -56,7 +40,7 @@ def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: 
     info = OPTIMIZER[optimizer]
     if OFFLOAD[cfg.offload].optimizer_on_cpu:
         ranks = min(cfg.world_size, per_node)
-        return MicroStep(gpu_s=trainable / (CPU_ADAM_PARAMS_PER_S / ranks)
+        return MicroStep(gpu_s=trainable / (facts.get("optimizer.cpu_adam_params_per_s") / ranks)
                          + trainable * 2 * cfg.weight_bytes() / host_link(gpu, eff), cpu_s=0.0)
     state = cfg.state_width() if info.follows_weights else 1
     states = info.state_bytes // 4 if info.follows_weights else info.state_bytes
@@ -67,11 +51,12 @@ def optimizer_step(spec: ModelSpec, cfg: Config, optimizer: str, gpu: GPU, eff: 
         per_param = program.weight * cfg.weight_bytes() + program.grad * cfg.grad_bytes() + program.state * state
         matrices, vectors = trainable_tensors(spec)
         looped = program.matrix_kernels * matrices + program.vector_kernels * vectors
-        launches = looped + program.foreach_ops * math.ceil(trainable / FOREACH_LAUNCH_ELEMENTS)
+        per_launch = facts.get("optimizer.foreach_launch_elements")  # a multi-tensor kernel's most elements
+        launches = looped + program.foreach_ops * math.ceil(trainable / per_launch)
         cpu_us = ((looped + program.foreach_ops) * eff.dispatch_us
                   + program.host_ops_per_tensor * (matrices + vectors) * eff.python_op_us)
     else:
-        per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + STATE_PASSES * states * state
+        per_param = 2 * cfg.weight_bytes() + cfg.grad_bytes() + facts.get("optimizer.state_passes") * states * state
     per_param += info.norm_passes * cfg.weight_bytes()  # LAMB: the weights' and the update's norms per layer
     per_param += 2 * cfg.grad_bytes()  # clip_grad_norm_: the norm reads the gradients, the scale rewrites them
     if PRECISION[cfg.precision].loss_scaling:  # unscaling reads and rewrites every gradient, checking for inf/NaN

@@ -9,11 +9,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from planner import facts
 from planner.config import Config
 from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
 from planner.models.spec import ModelSpec
-from planner.program.compiled import BACKWARD, COMPILED_DEVICE_RESIDUAL, FORWARD, CompileEffect
+from planner.program.compiled import BACKWARD, FORWARD, CompileEffect
 from planner.program.profile import Profile
 from planner.speed.communication import communication_seconds, offload_seconds, tensor_parallel_seconds
 from planner.speed.kernels import dequantize_seconds, micro_step
@@ -124,12 +125,14 @@ class TracedStep:
 def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputInfo:
     """The optimizer step's time for `cfg`. A compiled step runs Inductor's fused kernels, and its checkpointed blocks
     recompute inside the compiled backward graph, without torch.utils.checkpoint's host work; its device time carries
-    the measured residual (planner/program/compiled.py `COMPILED_DEVICE_RESIDUAL`)."""
-    spec, gpu, eff, profile = setup.spec, setup.gpu, setup.eff, traced.profile
+    the measured residual (`inductor.compiled_device_residual`). Records the GPU's efficiency figures as read (the
+    setup holds them across calls)."""
+    spec, gpu, eff, profile = setup.spec, setup.gpu, setup.eff.record(), traced.profile
     blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
     compile_once, residual = 0.0, 1.0
     if cfg.compiled and traced.compile_effect is not None:
-        profile, blocks, residual = compiled_profile(profile, traced.compile_effect), 0, COMPILED_DEVICE_RESIDUAL
+        profile, blocks = compiled_profile(profile, traced.compile_effect), 0
+        residual = facts.get("inductor.compiled_device_residual")
         compile_once = traced.compile_effect.compile_seconds(spec.layers)
     micro = micro_step(profile, cfg.micro_batch / traced.micro_batch, cfg.precision, gpu, eff, blocks,
                        cfg.tensor_parallel, traced.tp_share)
