@@ -1,39 +1,40 @@
 """trainplan: plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest.
 
-    from planner import plan, estimate_memory
+    from planner import plan, estimate_memory, load_plan
+    p = plan("bigscience/bloom-560m", 256, gpu="A100-80GB", peft="lora")
+    model = p.prepare(model); args = p.training_arguments(); p.emit("run/")
 
-The package imports torch and transformers lazily, so `plan --help` stays fast.
+The public names load lazily (torch and transformers take seconds to import), so `plan --help` stays fast.
+docs/library.md shows a Trainer and a TRL script.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from planner.errors import InputError, ModelNotFoundError, NoFitError, TrainplanError, UnknownGPUError
 
-__all__ = ["plan", "estimate_memory", "load_plan", "Plan", "MemoryEstimate", "ModelSpec", "Candidate", "Config",
-           "TrainplanError", "InputError", "NoFitError", "ModelNotFoundError", "UnknownGPUError", "resolve_model",
-           "Adapter"]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "plan": ("planner.planning", "plan"),
-    "estimate_memory": ("planner.memory.estimate", "estimate_memory"),
-    "MemoryEstimate": ("planner.memory.estimate", "MemoryEstimate"),
-    "Plan": ("planner.types", "Plan"),
-    "Candidate": ("planner.types", "Candidate"),
-    "Config": ("planner.config", "Config"),
-    "load_plan": ("planner.prepare", "load_plan"),
-    "ModelSpec": ("planner.models.spec", "ModelSpec"),
-    "resolve_model": ("planner.models", "resolve_model"),
-    "Adapter": ("planner.models.adapters", "Adapter"),
+    "plan": "planner.planning", "plan_request": "planner.planning", "PlanRequest": "planner.request",
+    "estimate_memory": "planner.memory.estimate", "MemoryEstimate": "planner.memory.estimate",
+    "load_plan": "planner.prepare", "LoadedPlan": "planner.prepare", "Plan": "planner.types",
+    "Candidate": "planner.types", "Config": "planner.config", "ModelSpec": "planner.models.spec",
+    "resolve_model": "planner.models", "Adapter": "planner.models.adapters", "compare_gpus": "planner.compare",
 }
+__all__ = ["Adapter", "Candidate", "Config", "InputError", "LoadedPlan", "MemoryEstimate", "ModelNotFoundError",
+           "ModelSpec", "NoFitError", "Plan", "PlanRequest", "TrainplanError", "UnknownGPUError", "compare_gpus",
+           "estimate_memory", "load_plan", "plan", "plan_request", "resolve_model"]
 
 
-def __getattr__(name):
+def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'planner' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

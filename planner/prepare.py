@@ -43,8 +43,10 @@ DEEPSPEED_CONFIG_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
 class LoadedPlan:
     """plan.json and its folder: the chosen configuration and what it takes to train it."""
 
-    def __init__(self, data: dict, folder: Path):
-        self.data, self.folder = data, folder
+    def __init__(self, data: dict, folder: Path | None, training_args: dict | None = None):
+        """`data`: plan.json's; `folder`: where its files are (None for a plan in memory, whose `training_args` are
+        then given)."""
+        self.data, self.folder, self._training_args = data, folder, training_args
         choice = data["choice"]
         self.choice = Config(**{name: choice[name] for name in Config.model_fields if name in choice})
 
@@ -178,10 +180,13 @@ class LoadedPlan:
     def training_arguments_dict(self, **overrides) -> dict:
         """training_args.json with its paths resolved against the folder, then `overrides` applied; the checkpointing
         arguments under the names the installed transformers takes (an older file, or overrides, may use either)."""
-        data = json.loads((self.folder / TRAINING_ARGS).read_text())
-        for key in PATH_ARGS:
-            if isinstance(data.get(key), str):
-                data[key] = str(self.folder / Path(data[key]).expanduser())  # an absolute path stays as it is
+        if self._training_args is not None:
+            data = dict(self._training_args)
+        else:
+            data = json.loads((self.folder / TRAINING_ARGS).read_text())
+            for key in PATH_ARGS:
+                if isinstance(data.get(key), str):
+                    data[key] = str(self.folder / Path(data[key]).expanduser())  # an absolute path stays as it is
         return _current_names(data) | _current_names(overrides)
 
     def training_arguments(self, **overrides):

@@ -85,8 +85,7 @@ def summary(plan, explain: bool = False) -> Panel:
              f"{cfg.global_batch}[/]",
              f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
              + offload + (", [bold]torch.compile[/]" if cfg.compiled else ""),
-             f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
-             f"({_speed_source(tp.source)})",
+             _speed_line(tp, plan.throughput_error),
              _closeness(c.memory, h)]
     if explain:
         lines[0] += f", hidden {m.hidden}, vocab {m.vocab}"
@@ -99,6 +98,17 @@ def summary(plan, explain: bool = False) -> Panel:
     body = Group(Text.from_markup("\n".join(lines)), Text(""),
                  memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
     return Panel(body, title="trainplan", border_style="green")
+
+
+def _speed_line(tp, error) -> str:
+    """Tokens/s and step time, as a range where they are modelled and the model's error on runs like this is known."""
+    if error is None or tp.source != "model":
+        return (f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
+                f"({_speed_source(tp.source)})")
+    low, high = error.bounds(tp.tokens_per_s)
+    return (f"{fmt_tokens(low)}-{fmt_tokens(high)} tokens/s, step {fmt_seconds(tp.tokens_per_s / high * tp.step_time_s)}"
+            f"-{fmt_seconds(tp.tokens_per_s / low * tp.step_time_s)} (modelled {fmt_tokens(tp.tokens_per_s)}; 9 in "
+            f"10 of {error.rows} runs like it)")
 
 
 def _speed_source(source: str) -> str:
@@ -240,17 +250,26 @@ def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
         table.add_column(col)
     for r in rows:
         if r.plan is None:
-            table.add_row(r.gpu, f"[red]nothing fits[/]: {r.error}", "—", "—", *(["—"] * (bool(train_tokens) + priced)))
+            table.add_row(r.gpu, f"[red]nothing fits[/]: {escape(r.error)}", "—", "—",
+                          *(["—"] * (bool(train_tokens) + priced)))
             continue
         c, h = r.plan.choice, r.plan.hardware
-        cells = [r.gpu, c.config.label(), fmt_tokens(c.throughput.tokens_per_s),
+        # 9 times in 10 the measured speed lies within these bounds (planner.types.ErrorBar); time and cost follow it
+        error = r.plan.throughput_error if c.throughput.source == "model" else None
+        low, high = error.bounds(1.0) if error else (1.0, 1.0)
+        cells = [r.gpu, escape(c.config.label()), _range(c.throughput.tokens_per_s, low, high, fmt_tokens),
                  f"{gib(c.memory.peak)} / {gib(h.gpu_memory_bytes)}"]
         if train_tokens:
-            cells.append(_duration(r.train_hours))
+            cells.append(_range(r.train_hours, 1 / high, 1 / low, _duration))
         if priced:
-            cells.append(f"{r.cost_usd:,.0f}" if r.cost_usd is not None else "— (no --price)")
+            cells.append(_range(r.cost_usd, 1 / high, 1 / low, lambda x: f"{x:,.0f}") if r.cost_usd is not None
+                         else "— (no --price)")
         table.add_row(*cells)
     return table
+
+
+def _range(value: float, low: float, high: float, fmt) -> str:
+    return fmt(value) if low == high else f"{fmt(value * low)}-{fmt(value * high)}"
 
 
 def _duration(hours: float) -> str:

@@ -6,17 +6,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from emit.files import EmitOptions
+from emit.files import emit as write_files
 from planner.config import Config
 from planner.export import accelerate_config, deepspeed_config, loss_scaling, peft_config, training_args
 from planner.hardware import GPU
 from planner.memory.estimate import MemoryEstimate
 from planner.notes import Note, Verdict
+from planner.prepare import LoadedPlan
 from planner.render import note_text, render_plan, verdict_text
 from planner.speed.step import ThroughputInfo
 from planner.vocab import MeasurementStatus
 
 __all__ = ["Config", "Candidate", "ThroughputInfo", "Hardware", "LearningRate", "ModelInfo", "Measurement",
-           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "Requirement", "Plan"]
+           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "ErrorBar", "Requirement", "Plan"]
 
 
 class Candidate(BaseModel):
@@ -167,6 +170,24 @@ class SpeedCalibration(BaseModel):
     precision: str  # the precision family it re-times
 
 
+class ErrorBar(BaseModel):
+    """How far predictions like this one have been from measurements: the median and 90th percentile absolute relative
+    error over `rows` out-of-sample benchmark rows of the stratum `stratum` (program:gpu:precision, "*" where pooled),
+    from `source` (docs/accuracy.md)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    median: float
+    p90: float
+    rows: int
+    stratum: str
+    source: str
+
+    def bounds(self, value: float) -> tuple[float, float]:
+        """The measured values a prediction `value` stands for, 9 times in 10: prediction / (1 + e), |e| <= p90."""
+        return value / (1 + self.p90), value / max(1e-9, 1 - self.p90)
+
+
 class Requirement(BaseModel):
     """A package the chosen configuration needs beyond the base install, and whether it imports here."""
 
@@ -192,6 +213,8 @@ class Plan(BaseModel):
     lr: LearningRate
     notes: tuple[Note, ...] = ()
     requirements: tuple[Requirement, ...] = ()
+    memory_error: ErrorBar | None = None       # the peak's error on rows like this plan (None: none measured)
+    throughput_error: ErrorBar | None = None   # the speed's
     files: tuple[str, ...] = ()
     probes: tuple[ProbeRecord, ...] = ()
     calibration: dict[str, FamilyCalibration] = {}
@@ -220,10 +243,11 @@ class Plan(BaseModel):
             "attention": self.attention,
             "hardware": self.hardware.model_dump(),
             "choice": choice,
-            "memory": _memory_json(self.choice.memory),
+            "memory": {**_memory_json(self.choice.memory), "error": _error_json(self.memory_error)},
             "throughput": {"tokens_per_s": tp.tokens_per_s, "samples_per_s": tp.samples_per_s, "mfu": tp.mfu,
                            "step_time_s": tp.step_time_s, "source": tp.source,
-                           "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()}},
+                           "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()},
+                           "error": _error_json(self.throughput_error if tp.source == "model" else None)},
             "candidates": [c.to_json() for c in self.candidates],
             "notes": [note_text(n) for n in self.notes],
             "advice": [n.model_dump() for n in self.notes],
@@ -235,6 +259,27 @@ class Plan(BaseModel):
             "speed_calibrations": [c.model_dump() for c in self.speed_calibrations],
             "files": list(self.files),
         }
+
+    # --- the plan applied in the user's own training script, without files (as load_plan(folder) does with them)
+    def prepare(self, model):
+        """`model` as the plan trains it: what Trainer arguments cannot say (selective checkpointing's policy, the
+        parameter dtype, LoRA / QLoRA adapters, the attention implementation); see planner/prepare.py."""
+        return self._loaded().prepare(model)
+
+    def training_arguments(self, **overrides):
+        """A transformers.TrainingArguments for the plan (`overrides` applied), the DeepSpeed config given as a dict."""
+        return self._loaded().training_arguments(**overrides)
+
+    def emit(self, folder, **options) -> list[str]:
+        """Write the plan's files into `folder` (what `plan --emit` writes); `options` are emit.EmitOptions' fields
+        (force, main_process_ip, slurm, ...). Returns the paths written."""
+        return write_files(self, folder, EmitOptions(**options))
+
+    def _loaded(self) -> LoadedPlan:
+        args = training_args(self)
+        if "deepspeed" in args:
+            args["deepspeed"] = deepspeed_config(self)
+        return LoadedPlan(self.to_json(), None, args)
 
     # Config dicts for other launchers (no files): see planner/export.py
     def to_deepspeed(self) -> dict:
@@ -251,6 +296,11 @@ class Plan(BaseModel):
 
     def to_peft(self) -> dict | None:
         return peft_config(self)
+
+
+def _error_json(error: ErrorBar | None) -> dict | None:
+    return None if error is None else {"median": error.median, "p90": error.p90, "rows": error.rows,
+                                       "stratum": error.stratum, "source": error.source}
 
 
 def _config_json(c: Config) -> dict:
