@@ -33,6 +33,8 @@ class Config(BaseModel):
                            description="torch at stage 0; the sharding engine (default deepspeed) above")
     tensor_parallel: int = Field(default=1, ge=1, description="GPUs each layer is split across (within a node)")
     compiled: bool = Field(default=False, description="the model runs under torch.compile (TorchInductor)")
+    liger: bool = Field(default=False, description="Liger-Kernel's Triton kernels patch the model (the Trainer's "
+                                                   "use_liger_kernel): planner/program/liger.py")
 
     @model_validator(mode="before")
     @classmethod
@@ -195,7 +197,7 @@ class Config(BaseModel):
         (`precision_family`), so views, probes and probe calibration treat them as one family."""
         tp = (f"tp{self.tensor_parallel}",) if self.tensor_parallel > 1 else ()
         return (self.precision_family(), self.checkpointing, self.zero_stage, self.offload, self.engine) + tp + (
-            ("compiled",) if self.compiled else ())
+            ("compiled",) if self.compiled else ()) + (("liger",) if self.liger else ())
 
     @staticmethod
     def family_text(family: tuple) -> str:
@@ -207,7 +209,7 @@ class Config(BaseModel):
         """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, compilation."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
                 + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1)
-                + 2 * (self.tensor_parallel > 1) + int(self.compiled))
+                + 2 * (self.tensor_parallel > 1) + int(self.compiled) + int(self.liger))
 
     def parallelism_label(self) -> str:
         if self.world_size == 1 and not self.sharded:
@@ -218,6 +220,6 @@ class Config(BaseModel):
     def label(self) -> str:
         off = f" + offload {self.offload}" if OFFLOAD[self.offload].optimizer_on_cpu else ""
         ck = f", {self.checkpointing} ckpt" if CHECKPOINTING[self.checkpointing].enabled else ""
-        compiled = ", compiled" if self.compiled else ""
+        compiled = (", compiled" if self.compiled else "") + (", Liger" if self.liger else "")
         return (f"mb {self.micro_batch} x N {self.grad_accum} x {self.world_size} GPU, {self.precision}{ck}{compiled}, "
                 f"{self.parallelism_label()}{off}")

@@ -140,6 +140,8 @@ class TraceRequest:
     #: transformers 4.42.4 caches its key rotated in fp32 and hands SDPA a 16-bit copy: modeling_gpt_neox.py
     #: `_attn_projections_and_rope`, `present = (key, value)`, and `GPTNeoXSdpaAttention.forward`'s cast)
     use_cache: bool = False
+    #: Liger-Kernel's patches run in place of the model's norms, MLPs and loss (planner/program/liger.py)
+    liger: bool = False
 
     @property
     def half_weights(self) -> bool:

@@ -46,7 +46,8 @@ class Workload:
             attention=kernel, attention_dropout=KERNEL[kernel].saves_scores and spec.attention_dropout > 0,
             objective=self.objective, grads_allocated=cfg.grad_accum > 1 or cfg.sharded, autocast_device=self.device,
             adapter=self.resolved.adapter, half_dtype=cfg.half_dtype() or TraceRequest.half_dtype,
-            use_cache=self.objective != LABELS_OBJECTIVE and getattr(self.resolved.config, "use_cache", None) is True)
+            use_cache=self.objective != LABELS_OBJECTIVE and getattr(self.resolved.config, "use_cache", None) is True,
+            liger=cfg.liger)
 
     def compile_effect(self, cfg: Config) -> CompileEffect | None:
         """What torch.compile changes in `cfg`'s program (planner/program/compiled.py), or None where the model's graph
