@@ -255,8 +255,8 @@ def _run_plan(request: PlanRequest, measure=None, probe_budget: float = 60.0):
     from planner.planning import plan_request
 
     if measure is None:
-        with _stderr().status(f"planning {escape(str(request.model))} ..."):
-            return plan_request(request)
+        with _stderr().status(f"planning {escape(str(request.model))} ...") as status:
+            return plan_request(request, progress=lambda label: status.update(escape(label)))
     with _stderr().status("probing...") as status:
         return plan_request(request, measure=measure, probe_budget_s=probe_budget,
                             progress=lambda label: status.update(f"probing {label}"))

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.vocab import (
     ADAPTER, CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, NO_CHECKPOINTING, OFFLOAD, OPTIMIZER,
-    PRECISION, UNSHARDED_ENGINE, Checkpointing, Engine, Offload, Precision,
+    PADDING, PRECISION, UNSHARDED_ENGINE, Checkpointing, Engine, Offload, Padding, Precision,
 )
 from planner.vocab import activation_family as family_for
 
@@ -35,6 +35,8 @@ class Config(BaseModel):
     compiled: bool = Field(default=False, description="the model runs under torch.compile (TorchInductor)")
     liger: bool = Field(default=False, description="Liger-Kernel's Triton kernels patch the model (the Trainer's "
                                                    "use_liger_kernel): planner/program/liger.py")
+    padding: Padding | None = Field(default=None, description="how a dataset's samples become micro-batches "
+                                                              "(`vocab.PADDING`); None: every sample fills its row")
 
     @model_validator(mode="before")
     @classmethod
@@ -197,7 +199,8 @@ class Config(BaseModel):
         (`precision_family`), so views, probes and probe calibration treat them as one family."""
         tp = (f"tp{self.tensor_parallel}",) if self.tensor_parallel > 1 else ()
         return (self.precision_family(), self.checkpointing, self.zero_stage, self.offload, self.engine) + tp + (
-            ("compiled",) if self.compiled else ()) + (("liger",) if self.liger else ())
+            ("compiled",) if self.compiled else ()) + (("liger",) if self.liger else ()) + (
+            (self.padding,) if self.padding else ())
 
     @staticmethod
     def family_text(family: tuple) -> str:
@@ -209,7 +212,8 @@ class Config(BaseModel):
         """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, compilation."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
                 + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1)
-                + 2 * (self.tensor_parallel > 1) + int(self.compiled) + int(self.liger))
+                + 2 * (self.tensor_parallel > 1) + int(self.compiled) + int(self.liger)
+                + int(self.padding is not None and not PADDING[self.padding].padded))
 
     def parallelism_label(self) -> str:
         if self.world_size == 1 and not self.sharded:
@@ -220,6 +224,7 @@ class Config(BaseModel):
     def label(self) -> str:
         off = f" + offload {self.offload}" if OFFLOAD[self.offload].optimizer_on_cpu else ""
         ck = f", {self.checkpointing} ckpt" if CHECKPOINTING[self.checkpointing].enabled else ""
-        compiled = (", compiled" if self.compiled else "") + (", Liger" if self.liger else "")
+        compiled = (", compiled" if self.compiled else "") + (", Liger" if self.liger else "") + (
+            f", {self.padding}" if self.padding else "")
         return (f"mb {self.micro_batch} x N {self.grad_accum} x {self.world_size} GPU, {self.precision}{ck}{compiled}, "
                 f"{self.parallelism_label()}{off}")

@@ -31,32 +31,8 @@ import numpy as np
 
 from planner.cache import load_json, store_json
 from planner.errors import InputError
+from planner.vocab import GROUPED, LONGEST, PACKING, PADDING, PADDING_FREE, Padding  # noqa: F401 - re-exported
 
-
-@dataclass(frozen=True)
-class PaddingInfo:
-    doc: str
-    models: str     # the library code whose batches the arithmetic follows
-    padded: bool    # every row of a micro-batch is padded to the batch's longest sample
-
-
-#: How samples become micro-batches; the values are the planner's JSON values.
-PADDING: dict[str, PaddingInfo] = {
-    "longest": PaddingInfo("random batches, each padded to its longest sample",
-                           "transformers/data/data_collator.py DataCollatorWithPadding, DataCollatorForLanguageModeling "
-                           "(padding=True, i.e. 'longest', their default)", True),
-    "grouped": PaddingInfo("batches of similar lengths (TrainingArguments train_sampling_strategy='group_by_length', "
-                           "group_by_length=True before transformers 5), padded to their longest",
-                           "transformers/trainer_pt_utils.py LengthGroupedSampler, get_length_grouped_indices", True),
-    "packing": PaddingInfo("samples concatenated into rows of max_length tokens (TRL SFTConfig packing=True)",
-                           "trl/data_utils.py pack_dataset", False),
-    "padding-free": PaddingInfo("each micro-batch concatenated into one row with position_ids, no padding (needs "
-                                "varlen attention such as FlashAttention)",
-                                "transformers/data/data_collator.py DataCollatorWithFlattening; TRL SFTConfig "
-                                "padding_free=True", False),
-}
-Padding = Literal[tuple(PADDING)]  # type: ignore[valid-type]
-LONGEST, GROUPED, PACKING, PADDING_FREE = PADDING
 
 #: Sorted (length, count) pairs: how many samples have each token length.
 Histogram = tuple[tuple[int, int], ...]

@@ -15,7 +15,7 @@ from planner.config import Config
 from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.adapters import Adapter
 from planner.vocab import (
-    CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, INDUCTOR, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
+    CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, GROUPED, INDUCTOR, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
 )
 
 #: Gradient clipping norm emitted for every engine (the Trainer's default max_grad_norm).
@@ -190,7 +190,21 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
         out["learning_rate"] = plan.lr.learning_rate
     if cfg.engine == DEEPSPEED:
         out["deepspeed"] = ds_config_path
+    if cfg.padding == GROUPED:  # the Trainer's length-grouped sampler (transformers/trainer_pt_utils.py)
+        out.update(length_grouped_args())
     return out
+
+
+@functools.cache
+def length_grouped_args() -> dict:
+    """The TrainingArguments that turn on the length-grouped sampler: transformers 5's `train_sampling_strategy`
+    (transformers/training_args.py), earlier releases' `group_by_length`."""
+    # lazy: transformers takes seconds to import; only files for its Trainer need it
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in names else \
+        {"group_by_length": True}
 
 
 @functools.cache

@@ -22,20 +22,25 @@ from planner.hardware.efficiency_data import efficiency_of
 from planner.hardware.systems import usual_system
 from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
+from planner.dataset import DatasetLengths, load_lengths, padding_waste
 from planner.memory.estimate import Evaluation
 from planner.models import ResolvedModel, resolve_model
-from planner.models.build import effective_attention, model_class
+from planner.models.build import effective_attention, model_class, samples_kept_apart
 from planner.notes import Note, Verdict, note
 from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 from planner.render import no_fit_message, suggestion_text
 from planner.request import PlanRequest
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, search
+from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
 from planner.suggest import suggestions
-from planner.types import Candidate, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, Requirement
+from planner.types import (
+    Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, Requirement,
+)
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_PRECISION, ENGINE, FP32, FULL,
-    NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PRECISION, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
+    GROUPED, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE, PRECISION, TASK, TF32,
+    TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 
@@ -50,7 +55,8 @@ class Job:
     seq_len: int
     run_steps: int | None
     evaluator: MemoryEvaluator
-    speed: SpeedModel
+    speed: SpeedModel | DataSpeed
+    data: DataLengths | None = None    # the user's dataset, where given
 
     @property
     def gpu(self) -> hw.GPU:
@@ -81,13 +87,14 @@ def plan(model, global_batch: int, *, measure: Callable | None = None, progress:
 def plan_request(request: PlanRequest, *, measure: Callable | None = None, progress: Callable | None = None,
                  probe_budget_s: float | None = None, detect: bool = True) -> Plan:
     """`plan` for a validated request."""
-    job = resolve_job(request, resolve_hardware(request, detect))
+    job = resolve_job(request, resolve_hardware(request, detect), progress)
     ranked = search(job.gpu, search_space(job), job.evaluator, job.hardware.budget_bytes,
                     host_budget=job.hardware.host_memory_bytes, speed=job.speed)
     ranked += hardware_rejections(request.precision, job.gpu, ranked[0])
     draft = Plan(model=ModelInfo.of(job.spec, job.seq_len, job.resolved.adapter), hardware=job.hardware,
                  seq_len=job.seq_len, optimizer=request.optimizer, attention=job.attention, choice=ranked[0],
-                 candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=search_notes(job, ranked))
+                 candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=search_notes(job, ranked),
+                 dataset=dataset_summary(job, ranked[0].config))
     if not ranked[0].fits:
         levers = suggestions(draft, job.evaluator, job.gpu)
         raise NoFitError(no_fit_message(draft), suggestions=[suggestion_text(s) for s in levers], plan=draft,
@@ -136,16 +143,52 @@ def _local_host_memory() -> int | None:
         return None
 
 
-def resolve_job(request: PlanRequest, hardware: Hardware) -> Job:
+@dataclass(frozen=True)
+class DataLengths:
+    """The user's dataset as the plan uses it: its lengths, the truncation, and the row length memory is planned at
+    (the longest sample after truncation; packed rows are as long)."""
+
+    lengths: DatasetLengths
+    max_length: int          # --max-length, else the model's maximum
+    seq_len: int             # min(max_length, the longest sample): padded rows
+    pack_len: int            # packed rows: --max-length where given, else seq_len
+
+    @property
+    def histogram(self):
+        return self.lengths.clipped(self.seq_len)
+
+
+def resolve_job(request: PlanRequest, hardware: Hardware, progress: Callable | None = None) -> Job:
     resolved = resolve_model(request.model, trust_remote_code=request.trust_remote_code, task=request.task,
                              num_labels=request.num_labels, adapter=request.resolved_adapter())
-    seq_len = _sequence(request.seq_len, resolved.spec)
-    run_steps = _run_steps(request, seq_len)
-    evaluation = Evaluation(resolved, seq_len=seq_len, optimizer=request.optimizer, attention=request.attention,
-                            gpus_per_node=hardware.gpus_per_node, gpu=hardware.entry)
+    data = dataset_lengths(request, resolved.spec, progress) if request.dataset else None
+    seq_len = data.seq_len if data else _sequence(request.seq_len, resolved.spec)
+    run_steps = _run_steps(request, seq_len, data)
+
+    def at(rows: int) -> tuple[Evaluation, SpeedModel]:
+        evaluation = Evaluation(resolved, seq_len=rows, optimizer=request.optimizer, attention=request.attention,
+                                gpus_per_node=hardware.gpus_per_node, gpu=hardware.entry)
+        return evaluation, SpeedModel(evaluation.workload, hardware.entry, hardware.gpus_per_node, run_steps)
+
+    evaluation, speed = at(seq_len)
+    packed = at(data.pack_len) if data and data.pack_len != seq_len else (None, None)
     return Job(request=request, hardware=hardware, resolved=resolved, seq_len=seq_len, run_steps=run_steps,
-               evaluator=MemoryEvaluator(evaluation, request.memory_method),
-               speed=SpeedModel(evaluation.workload, hardware.entry, hardware.gpus_per_node, run_steps))
+               evaluator=MemoryEvaluator(evaluation, request.memory_method, packed[0]), data=data,
+               speed=DataSpeed(speed, data.histogram, seq_len, packed[1]) if data else speed)
+
+
+def dataset_lengths(request: PlanRequest, spec, progress: Callable | None) -> DataLengths:
+    """The dataset tokenised with its tokenizer (--tokenizer, else the model's folder or hub id in the local cache),
+    truncated at --max-length (else the model's maximum)."""
+    tokenizer = request.tokenizer or (str(request.model) if spec.source == "folder" else spec.name)
+    report = (lambda done, total: progress(f"tokenizing {done:,} of {total:,} rows")) if progress else None
+    lengths = load_lengths(request.dataset, tokenizer=tokenizer, text_field=request.text_field,
+                           max_rows=request.dataset_rows or DEFAULT_DATASET_ROWS, progress=report)
+    max_length = request.max_length or spec.max_positions or lengths.max
+    if spec.max_positions and max_length > spec.max_positions:
+        raise InputError(f"{max_length} tokens exceed the model's {spec.max_positions} positions", flag="--max-length")
+    return DataLengths(lengths=lengths, max_length=max_length, seq_len=min(max_length, lengths.max),
+                       pack_len=request.max_length or min(max_length, lengths.max))
 
 
 def _sequence(seq_len: int | None, spec) -> int:
@@ -155,13 +198,16 @@ def _sequence(seq_len: int | None, spec) -> int:
     return s
 
 
-def _run_steps(request: PlanRequest, seq_len: int) -> int | None:
-    """Optimizer steps of the whole run, from its steps or its tokens (None when neither is given)."""
+def _run_steps(request: PlanRequest, seq_len: int, data: DataLengths | None) -> int | None:
+    """Optimizer steps of the whole run, from its steps or its tokens, else from the dataset's samples times its
+    epochs (None when nothing says)."""
     if request.train_steps is not None:
         return request.train_steps
-    if request.train_tokens is None:
-        return None
-    return max(1, math.ceil(request.train_tokens / (request.global_batch * seq_len)))
+    if request.train_tokens is not None:
+        return max(1, math.ceil(request.train_tokens / (request.global_batch * seq_len)))
+    if data is not None:
+        return max(1, math.ceil(data.lengths.samples * (request.epochs or 1.0) / request.global_batch))
+    return None
 
 
 def search_space(job: Job) -> SearchSpace:
@@ -183,7 +229,36 @@ def search_space(job: Job) -> SearchSpace:
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
         micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer,
         adapter=job.spec.adapter, tensor_parallel=tensor_parallel_sizes(job.resolved, hardware.gpus_per_node)[0],
-        compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps)
+        compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job))
+
+
+def dataset_summary(job: Job, choice: Config) -> DatasetSummary | None:
+    data = job.data
+    if data is None:
+        return None
+    summary = data.lengths.to_json(data.max_length)
+    waste = {name: padding_waste(name, data.histogram, choice.micro_batch, max_length=data.pack_len,
+                                 mega_batch_mult=None, grad_accum=choice.grad_accum) for name in PADDING}
+    row = data.pack_len if choice.padding == PACKING else data.seq_len
+    return DatasetSummary(**summary, sampled=data.lengths.sampled_rows, max_length=data.max_length, row_length=row,
+                          padding_waste=waste)
+
+
+def paddings(job: Job) -> tuple[str | None, ...]:
+    """The batching strategies a dataset can be trained with here: padded ones always; packed and padding-free rows
+    where the attention keeps their samples apart (padding-free cannot run otherwise; packing would attend across
+    samples, so it is not chosen)."""
+    if job.data is None:
+        return (None,)
+    apart = samples_kept_apart(job.resolved.config, job.attention, job.resolved.trust_remote_code)
+    usable = tuple(name for name, info in PADDING.items() if not info.apart_with or apart)
+    pinned = job.request.padding
+    if pinned == AUTO:
+        return usable
+    if pinned not in usable:
+        raise InputError(f"{job.spec.architecture} with {job.attention} attention would let {pinned} rows' samples "
+                         "attend to each other", flag="--padding", hint="Use --attention flash, or --padding longest.")
+    return (pinned,)
 
 
 def _zero_stages(value: int | None, world: int, offloads: tuple[str, ...], engine: str) -> tuple[int, ...]:
@@ -369,16 +444,24 @@ def finished(result: Plan, job: Job) -> Plan:
     """The notes that depend on the final choice: the learning rate, how the loss is normalised over the accumulated
     micro-batches, the fp16 loss-scaling policy and an optimizer the Trainer cannot name."""
     requirements = requirements_of(result, job.spec.adapter)
+    data = dataset_summary(job, result.choice.config)
+    result = result.model_copy(update={"dataset": data})
+    if data is not None and data.row_length != result.seq_len:  # packed rows, longer than any sample
+        result = result.model_copy(update={"seq_len": data.row_length,
+                                           "model": result.model.model_copy(update={"seq_len": data.row_length})})
     config = result.choice.config
     errors = {kind: error_bar(kind, PROGRAM, job.gpu.name, config.precision_family()) for kind in ERROR_KINDS}
     notes = tuple(note("missing-package", package=r.package, install=r.install) for r in requirements
                   if not r.installed)
-    notes += _lr_notes(result) + _loss_normalisation_note(result, job.resolved) + _loss_scaling_note(result)
+    notes += _data_notes(result, job) + _lr_notes(result) + _loss_normalisation_note(result, job.resolved)
+    notes += _loss_scaling_note(result)
     notes += _optimizer_note(result)
     return result.model_copy(update={"notes": result.notes + notes, "requirements": requirements,
                                      "memory_error": errors["memory"], "throughput_error": errors["throughput"]})
 
 
+#: Rows of a dataset tokenised at most (--dataset-rows): a seeded sample of a larger set stands for it.
+DEFAULT_DATASET_ROWS = 20_000
 #: The program a plan's files run, as benchmark rows name it (benchmarks/evidence.py `Row.group`).
 PROGRAM = "trainer"
 ERROR_KINDS = ("memory", "throughput")
@@ -412,6 +495,21 @@ def requirements_of(result: Plan, adapter: str) -> tuple[Requirement, ...]:
 def installed(module: str) -> bool:
     """Whether `module` imports here (found on the path; not imported)."""
     return importlib.util.find_spec(module) is not None
+
+
+def _data_notes(result: Plan, job: Job) -> tuple[Note, ...]:
+    """Truncation, how the chosen batching is run, and why packing was not planned where it was not."""
+    data, padding = result.dataset, result.choice.config.padding
+    if data is None:
+        return ()
+    notes = (note("dataset-truncated", truncated=data.truncated, samples=data.samples, max_length=data.max_length),) \
+        if data.truncated else ()
+    if padding in (GROUPED, PACKING, PADDING_FREE):
+        notes += (note("padding", padding=padding, waste=data.padding_waste[padding],
+                       longest_waste=data.padding_waste[LONGEST]),)
+    if PACKING not in paddings(job):
+        notes += (note("packing-unavailable", attention=job.attention, model=job.spec.architecture),)
+    return notes
 
 
 def _lr_notes(result: Plan) -> tuple[Note, ...]:

@@ -29,7 +29,8 @@ from planner.models.adapters import Adapter, apply_adapter, with_task
 from planner.models.build import effective_attention, moe_block_classes
 from planner.program.step import enable_checkpointing
 from planner.vocab import (
-    ATTENTION, CHECKPOINTING, CLASS_LABELS, DEEPSPEED, FSDP, OPTIMIZER, PRECISION, TASK, TOKEN_LABELS, TP_PLAN_AUTO,
+    ATTENTION, CHECKPOINTING, CLASS_LABELS, DEEPSPEED, FSDP, OPTIMIZER, PACKING, PADDING_FREE, PRECISION, TASK,
+    TOKEN_LABELS, TP_PLAN_AUTO,
 )
 
 TRAINING_ARGS = "training_args.json"
@@ -188,6 +189,17 @@ class LoadedPlan:
                 if isinstance(data.get(key), str):
                     data[key] = str(self.folder / Path(data[key]).expanduser())  # an absolute path stays as it is
         return _current_names(data) | _current_names(overrides)
+
+    def sft_config(self, **overrides):
+        """TRL's SFTConfig for the plan: the Trainer's arguments, the rows' max_length, and packing or padding-free
+        batches where the plan chose them (trl/trainer/sft_config.py). Needs TRL (`pip install trl`)."""
+        try:
+            from trl import SFTConfig
+        except ImportError as err:
+            raise InputError("plan.sft_config() needs TRL", flag="--dataset", hint="pip install trl") from err
+        padding = self.data["choice"].get("padding")
+        fields = {"max_length": self.seq_len, "packing": padding == PACKING, "padding_free": padding == PADDING_FREE}
+        return SFTConfig(**(self.training_arguments_dict() | fields | overrides))
 
     def training_arguments(self, **overrides):
         """A transformers.TrainingArguments built from training_args.json, with `overrides` applied."""

@@ -80,7 +80,7 @@ def summary(plan, explain: bool = False) -> Panel:
             f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}")
     offload = f"offload {cfg.offload}" + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)"
                                           if c.memory.cpu_offload_bytes else "")
-    lines = [escape(model), *map(escape, _trained(m)), escape(gpus), escape(_host(h)), "",
+    lines = [escape(model), *map(escape, _trained(m)), *_data(plan), escape(gpus), escape(_host(h)), "",
              f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
              f"{cfg.global_batch}[/]",
              f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
@@ -100,15 +100,26 @@ def summary(plan, explain: bool = False) -> Panel:
     return Panel(body, title="trainplan", border_style="green")
 
 
+def _data(plan) -> list[str]:
+    d = plan.dataset
+    if d is None:
+        return []
+    padding = plan.choice.config.padding
+    return [f"data: {d.samples:,} samples, {fmt_tokens(d.tokens)} tokens; p50 {d.p50:,}, p90 {d.p90:,}, max {d.max:,}; "
+            f"rows of {d.row_length:,}, {padding} ({d.padding_waste.get(padding, 0):.0%} padding)"]
+
+
 def _speed_line(tp, error) -> str:
     """Tokens/s and step time, as a range where they are modelled and the model's error on runs like this is known."""
+    what = "tokens of data/s" if tp.real_tokens_per_s is not None else "tokens/s"
+    speed = tp.useful_tokens_per_s
     if error is None or tp.source != "model":
-        return (f"~{fmt_tokens(tp.tokens_per_s)} tokens/s, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
+        return (f"~{fmt_tokens(speed)} {what}, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
                 f"({_speed_source(tp.source)})")
-    low, high = error.bounds(tp.tokens_per_s)
-    return (f"{fmt_tokens(low)}-{fmt_tokens(high)} tokens/s, step {fmt_seconds(tp.tokens_per_s / high * tp.step_time_s)}"
-            f"-{fmt_seconds(tp.tokens_per_s / low * tp.step_time_s)} (modelled {fmt_tokens(tp.tokens_per_s)}; 9 in "
-            f"10 of {error.rows} runs like it)")
+    low, high = error.bounds(speed)
+    return (f"{fmt_tokens(low)}-{fmt_tokens(high)} {what}, step {fmt_seconds(speed / high * tp.step_time_s)}"
+            f"-{fmt_seconds(speed / low * tp.step_time_s)} (modelled {fmt_tokens(speed)}; 9 in 10 of {error.rows} runs "
+            "like it)")
 
 
 def _speed_source(source: str) -> str:
@@ -169,7 +180,7 @@ def alternatives(plan, limit: int = 5, explain: bool = True) -> Table:
                   box=None if not explain else box.SQUARE, padding=(0, 1), show_edge=explain)
     for col in ("config" if explain else "instead", "tokens/s", "peak", "why not chosen"):
         table.add_column(col, no_wrap=not explain)
-    best, choice = plan.choice.throughput.tokens_per_s, plan.choice.config
+    best, choice = plan.choice.throughput.useful_tokens_per_s, plan.choice.config
     shown, seen = 0, {choice.family()}
     for c in plan.candidates[1:]:
         if not c.fits:
@@ -177,10 +188,10 @@ def alternatives(plan, limit: int = 5, explain: bool = True) -> Table:
         if c.config.family() in seen:  # one row per kind of configuration, its best micro-batch
             continue
         seen.add(c.config.family())
-        slower = 1 - c.throughput.tokens_per_s / best
-        why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more moving parts"
+        slower = 1 - c.throughput.useful_tokens_per_s / best
+        why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more to run"
         label = c.config.label() if explain else _difference(c.config, choice)
-        table.add_row(escape(label), fmt_tokens(c.throughput.tokens_per_s), gib(c.memory.peak), why)
+        table.add_row(escape(label), fmt_tokens(c.throughput.useful_tokens_per_s), gib(c.memory.peak), why)
         shown += 1
         if shown >= limit:
             break
@@ -194,7 +205,7 @@ def rejected(plan, limit: int = 6) -> Table:
     for col in ("config", "tokens/s", "reason"):
         table.add_column(col)
     for c in nearest_misses(plan)[:limit]:
-        table.add_row(escape(c.config.label()), fmt_tokens(c.throughput.tokens_per_s), escape(c.reason))
+        table.add_row(escape(c.config.label()), fmt_tokens(c.throughput.useful_tokens_per_s), escape(c.reason))
     for c in plan.candidates:  # options the hardware rules out entirely (no bf16, ...)
         if c.throughput is None and not c.fits:
             table.add_row(escape(c.config.label()), "—", escape(c.reason))
@@ -203,15 +214,15 @@ def rejected(plan, limit: int = 6) -> Table:
 
 def nearest_misses(plan) -> list:
     """Per kind of configuration faster than the choice, its nearest miss; fastest kinds first."""
-    best = plan.choice.throughput.tokens_per_s if plan.choice.fits else 0.0
+    best = plan.choice.throughput.useful_tokens_per_s if plan.choice.fits else 0.0
     nearest: dict[tuple, object] = {}
     for c in plan.candidates:
-        if c.fits or not c.throughput or c.throughput.tokens_per_s <= best:
+        if c.fits or not c.throughput or c.throughput.useful_tokens_per_s <= best:
             continue
         kind = c.config.family()
         if kind not in nearest or _needed_bytes(c) < _needed_bytes(nearest[kind]):
             nearest[kind] = c
-    return sorted(nearest.values(), key=lambda c: -c.throughput.tokens_per_s)
+    return sorted(nearest.values(), key=lambda c: -c.throughput.useful_tokens_per_s)
 
 
 def _needed_bytes(candidate) -> tuple:
@@ -298,7 +309,7 @@ def render_plan(plan, console: Console, explain: bool = False) -> None:
         if misses:
             c = misses[0]
             console.print(f"faster but over the budget: {escape(_difference(c.config, plan.choice.config))} "
-                          f"({fmt_tokens(c.throughput.tokens_per_s)} tokens/s): {escape(c.reason)}")
+                          f"({fmt_tokens(c.throughput.useful_tokens_per_s)} tokens/s): {escape(c.reason)}")
     shown = [n for n in plan.notes if explain or n.actionable]
     for note in shown:
         console.print(f"[yellow]note:[/] {escape(note_text(note))}")
@@ -458,6 +469,12 @@ NOTE_TEXT = {
     "qlora-not-probed": lambda v: ("QLoRA plans are not probed: the probe's model has random weights, which "
                                    "bitsandbytes does not quantise (it quantises a checkpoint as it loads it); the "
                                    "plan is the model's."),
+    "dataset-truncated": lambda v: (f"{v['truncated']:,} of {v['samples']:,} samples are longer than {v['max_length']:,} "
+                                    "tokens and are cut there (--max-length)."),
+    "padding": lambda v: _padding_text(v),
+    "packing-unavailable": lambda v: (f"Packing and padding-free batches are not planned: with {v['attention']} "
+                                      f"attention {v['model']} would let packed samples attend to each other "
+                                      "(--attention flash keeps them apart)."),
     "missing-package": lambda v: (f"The plan needs {v['package']}, which is not installed here: {v['install']} "
                                   "(on the machine that trains)."),
     "probes": lambda v: (f"Probes: {v['run']} run ({v['cached']} from cache) in {v['seconds']:.0f} s; {v['confirmed']} "
@@ -474,6 +491,15 @@ NOTE_TEXT = {
                             "it with LayerNorm or GroupNorm, synchronise it across GPUs "
                             "(torch.nn.SyncBatchNorm.convert_sync_batchnorm), or pin a larger --micro-batch."),
 }
+
+
+def _padding_text(v: dict) -> str:
+    how = {"grouped": "batches of similar lengths: training_args.json sets the Trainer's length-grouped sampler",
+           "packing": "samples packed into rows: train with TRL's SFTTrainer and plan.sft_config() (packing=True)",
+           "padding-free": "each micro-batch flattened into one row: TRL's SFTTrainer with plan.sft_config() "
+                           "(padding_free=True), or transformers' DataCollatorWithFlattening"}[v["padding"]]
+    return (f"Batching: {how}; {v['waste']:.0%} of the tokens computed are padding, against {v['longest_waste']:.0%} "
+            "padded to the longest of random batches.")
 
 
 def note_text(n: Note) -> str:

@@ -14,7 +14,7 @@ from planner.models.adapters import Adapter
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, COMPILE, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
     DEFAULT_SHARDING_ENGINE, ENGINE, LABELS_OBJECTIVE, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_CHECKPOINTING,
-    NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES, AdapterMethod,
+    NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER, PADDING, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES, AdapterMethod,
     Attention, Checkpointing, CompileMode, LRScaling, MemoryMethod, Objective, Offload, Optimizer, Precision,
     ShardingEngine, TaskChoice, choices_text,
 )
@@ -122,6 +122,19 @@ class PlanRequest(_Request):
                                           "--train-tokens).", gt=0, le=LIMITS.batch, strict=True)
     compile: CompileMode = option(AUTO, help="torch.compile the model: " + choices_text(COMPILE)
                                   + ". auto compiles where it is faster over the run (give its length).")
+    dataset: str | None = option(help="Your training data (JSON lines, JSON, CSV, Parquet, a save_to_disk folder, or a "
+                                      "hub dataset in the local cache): plans for its sample lengths and batching.")
+    text_field: str | None = option(help="The dataset's text column (default: a chat 'messages' column rendered by "
+                                         "the tokenizer's chat template, else 'text').")
+    tokenizer: str | None = option(help="Tokenizer folder or cached hub id for --dataset (default: the model's).")
+    max_length: int | None = option(help="Truncate --dataset's samples to this many tokens (default: the model's "
+                                         "maximum).", gt=0, le=LIMITS.seq_len, strict=True)
+    epochs: float | None = option(help="Passes over --dataset: the run's length when --train-steps and "
+                                       "--train-tokens are not given (default 1).", gt=0, allow_inf_nan=False)
+    dataset_rows: int | None = option(help="Rows of --dataset tokenised at most: a seeded sample of a larger set "
+                                           "(default 20,000).", gt=0, le=10**7, strict=True)
+    padding: Literal[(AUTO, *PADDING)] = option(AUTO, help="How --dataset's samples are batched: auto (the fastest in "  # type: ignore[valid-type]
+                                                "tokens of data per second) | " + choices_text(PADDING))
 
     @field_validator("model")
     @classmethod
@@ -150,6 +163,12 @@ class PlanRequest(_Request):
                              hint=f"A recipe's LR: --lr-batch <the recipe's global batch> (--lr-batch "
                                   f"{self.global_batch} keeps it as given); an LR tuned at micro-batch x GPUs: that "
                                   "product (it is then scaled by sqrt(k) or k).")
+        given = next((flag_of(PlanRequest, f) for f in DATASET_FIELDS if getattr(self, f) not in (None, AUTO)), None)
+        if given and self.dataset is None:
+            raise InputError("applies to --dataset", flag=given, hint="Add --dataset FILE.")
+        if self.dataset is not None and self.seq_len is not None:
+            raise InputError("cannot be combined with --dataset: the data's lengths set the sequence", flag="--seq-len",
+                             hint="Drop --seq-len; --max-length truncates the samples.")
         if self.train_tokens is not None and self.train_steps is not None:
             raise InputError("give the run's length once", flag="--train-steps",
                              hint="Drop --train-steps or --train-tokens.")
@@ -184,6 +203,10 @@ class PlanRequest(_Request):
     def world_size(self) -> int | None:
         """GPUs in all, where the GPUs per node are given."""
         return None if self.gpus_per_node is None else self.gpus_per_node * self.nodes
+
+
+#: PlanRequest fields that only mean something with --dataset
+DATASET_FIELDS = ("text_field", "tokenizer", "max_length", "epochs", "dataset_rows", "padding")
 
 
 class MemoryRequest(_Request):

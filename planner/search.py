@@ -23,7 +23,7 @@ from planner.notes import Verdict
 from planner.speed.model import SpeedModel
 from planner.types import Candidate
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD, PRECISION, TRACE,
+    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD, PACKING, PRECISION, TRACE,
     UNSHARDED_ENGINE,
 )
 
@@ -43,6 +43,8 @@ class SearchSpace:
     adapter: str = NO_ADAPTER                 # what trains (`vocab.ADAPTER`)
     tensor_parallel: tuple[int, ...] = ()     # tensor-parallel sizes > 1 to plan beside data parallelism
     compiled: tuple[bool, ...] = (False,)     # eager, compiled (torch.compile), or both (`vocab.COMPILE`)
+    liger: tuple[bool, ...] = (False,)        # without, with Liger-Kernel's patches, or both
+    paddings: tuple[str | None, ...] = (None,)  # how a dataset's samples are batched (`vocab.PADDING`); None: no data
     train_steps: int | None = None            # the run's optimizer steps, over which compile time is spread
 
 
@@ -78,7 +80,8 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
                            for mb in mbs for ckpt in space.checkpointing]
                 out += _runnable(configs, space)
     out += _tensor_parallel_configs(space)
-    return [c.model_copy(update={"compiled": True}) if compiled else c for c in out for compiled in space.compiled]
+    return [c.model_copy(update={"compiled": compiled, "liger": liger, "padding": padding}) for c in out
+            for compiled in space.compiled for liger in space.liger for padding in space.paddings]
 
 
 def _runnable(configs: list[Config], space: SearchSpace) -> list[Config]:
@@ -123,10 +126,11 @@ def why_empty(space: SearchSpace) -> str:
 
 class MemoryEvaluator:
     """Memory of candidates: model states exact; activations traced exactly at a candidate's micro-batch, or
-    analytic scaled by the traced/analytic ratio of the same trace family (calibration)."""
+    analytic scaled by the traced/analytic ratio of the same trace family (calibration). `packed`: the evaluation
+    of packed rows, where they are longer than the rows of the main one (a dataset packed to --max-length)."""
 
-    def __init__(self, evaluation: Evaluation, method: str):
-        self.evaluation, self.method = evaluation, method
+    def __init__(self, evaluation: Evaluation, method: str, packed: Evaluation | None = None):
+        self.evaluation, self.method, self.packed = evaluation, method, packed
         self.calibration: dict[tuple, float] = {}
 
     @property
@@ -137,32 +141,42 @@ class MemoryEvaluator:
     def seq_len(self) -> int:
         return self.evaluation.seq_len
 
+    def of(self, cfg: Config) -> Evaluation:
+        """The evaluation of `cfg`'s rows."""
+        return self.packed if self.packed is not None and cfg.padding == PACKING else self.evaluation
+
+    def _family(self, cfg: Config) -> tuple:
+        return cfg.trace_family() + (self.of(cfg).seq_len,)
+
     def states(self, cfg: Config) -> states.ModelStates:
         return self.evaluation.states(cfg)
 
     def estimate(self, cfg: Config, method: str | None = None) -> MemoryEstimate:
         """Exact for this candidate (traced at its micro-batch unless the method is analytic)."""
-        act, used = self.evaluation.activations(cfg, method or self.method)
+        evaluation = self.of(cfg)
+        act, used = evaluation.activations(cfg, method or self.method)
         if used == TRACE:
-            analytic_act, _ = self.evaluation.activations(cfg, ANALYTIC)
-            self.calibration[cfg.trace_family()] = act / max(analytic_act, 1)
-        return self.evaluation.combine(cfg, act, used)
+            analytic_act, _ = evaluation.activations(cfg, ANALYTIC)
+            self.calibration[self._family(cfg)] = act / max(analytic_act, 1)
+        return evaluation.combine(cfg, act, used)
 
     def screen(self, cfg: Config) -> tuple[MemoryEstimate, bool]:
         """A cheap estimate and whether it is calibrated by a trace of the same family."""
-        act, _ = self.evaluation.activations(cfg, ANALYTIC)
-        ratio = self.calibration.get(cfg.trace_family())
+        evaluation = self.of(cfg)
+        act, _ = evaluation.activations(cfg, ANALYTIC)
+        ratio = self.calibration.get(self._family(cfg))
         if ratio is None:
-            return self.evaluation.combine(cfg, act, ANALYTIC), False
-        return self.evaluation.combine(cfg, int(act * ratio), "analytic-calibrated"), True
+            return evaluation.combine(cfg, act, ANALYTIC), False
+        return evaluation.combine(cfg, int(act * ratio), "analytic-calibrated"), True
 
     def states_only(self, cfg: Config) -> MemoryEstimate:
         """Model states and device overheads with no activations: a lower bound, for candidates rejected early."""
         return self.evaluation.combine(cfg, 0, "states-only")
 
     def screen_bound(self, cfg: Config) -> MemoryEstimate:
-        act, _ = self.evaluation.activations(cfg, ANALYTIC)
-        return self.evaluation.combine(cfg, int(act / facts.get("search.analytic_max_overestimate")), "analytic-screen")
+        evaluation = self.of(cfg)
+        act, _ = evaluation.activations(cfg, ANALYTIC)
+        return evaluation.combine(cfg, int(act / facts.get("search.analytic_max_overestimate")), "analytic-screen")
 
 
 def judge(mem: MemoryEstimate, budget: int) -> Verdict:
@@ -171,10 +185,10 @@ def judge(mem: MemoryEstimate, budget: int) -> Verdict:
 
 
 def rank(fitting: list[Candidate]) -> list[Candidate]:
-    """Fastest first, except that the candidates within `search.speed_tie` (a fact) of the fastest go first by fewer moving parts
-    (then speed, then headroom)."""
+    """Fastest first (in tokens of data per second), except that the candidates within the fact `search.speed_tie` of
+    the fastest go first by fewer moving parts (then speed, then headroom)."""
     def speed(c: Candidate) -> float:
-        return c.throughput.tokens_per_s if c.throughput else 0.0
+        return c.throughput.useful_tokens_per_s if c.throughput else 0.0
 
     ordered = sorted(fitting, key=lambda c: (-speed(c), c.memory.peak if c.memory else math.inf))
     if not ordered:
@@ -199,7 +213,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     model_speed = speed or SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)
     model_speed.prefetch(configs)
     speeds = {c: model_speed(c) for c in configs}
-    order = sorted(configs, key=lambda c: (-speeds[c].tokens_per_s, c.complexity()))
+    order = sorted(configs, key=lambda c: (-speeds[c].useful_tokens_per_s, c.complexity()))
     results: list[Candidate] = []
     best_speed = None
     for cfg in order:
@@ -215,11 +229,11 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
                                      verdict=verdict))
             continue
-        contender = best_speed is None or speed.tokens_per_s * facts.get("search.speed_tie") >= best_speed
+        contender = best_speed is None or speed.useful_tokens_per_s * facts.get("search.speed_tie") >= best_speed
         mem = _evaluate(cfg, evaluator, budget, contender)
         verdict = judge(mem, budget)
         if verdict.fits and best_speed is None:
-            best_speed = speed.tokens_per_s
+            best_speed = speed.useful_tokens_per_s
         results.append(Candidate(config=cfg, memory=mem, throughput=speed, fits=verdict.fits, verdict=verdict))
     fitting = rank([c for c in results if c.fits])
     rest = [c for c in results if not c.fits]

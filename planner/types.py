@@ -188,6 +188,26 @@ class ErrorBar(BaseModel):
         return value / (1 + self.p90), value / max(1e-9, 1 - self.p90)
 
 
+class DatasetSummary(BaseModel):
+    """The user's dataset as the plan saw it: samples and tokens (estimated from a sample where `sampled` < samples),
+    length percentiles before truncation, the samples cut at `max_length`, the row length memory was planned at, and
+    each batching strategy's share of padding at the chosen micro-batch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    samples: int
+    tokens: int
+    p50: int
+    p90: int
+    p99: int
+    max: int
+    truncated: int
+    sampled: int
+    max_length: int
+    row_length: int
+    padding_waste: dict[str, float] = {}
+
+
 class Requirement(BaseModel):
     """A package the chosen configuration needs beyond the base install, and whether it imports here."""
 
@@ -213,6 +233,7 @@ class Plan(BaseModel):
     lr: LearningRate
     notes: tuple[Note, ...] = ()
     requirements: tuple[Requirement, ...] = ()
+    dataset: DatasetSummary | None = None      # with --dataset
     memory_error: ErrorBar | None = None       # the peak's error on rows like this plan (None: none measured)
     throughput_error: ErrorBar | None = None   # the speed's
     files: tuple[str, ...] = ()
@@ -235,7 +256,8 @@ class Plan(BaseModel):
     def to_json(self) -> dict:
         choice = _config_json(self.choice.config)
         choice.update(learning_rate=self.lr.learning_rate, lr_scaling=self.lr.scaling,
-                      lr_factor=self.lr.factor, warmup_steps=self.lr.warmup_steps)
+                      lr_factor=self.lr.factor, warmup_steps=self.lr.warmup_steps,
+                      max_length=self.dataset.row_length if self.dataset else None)
         tp = self.choice.throughput
         return {
             "model": self.model.model_dump(),
@@ -246,8 +268,10 @@ class Plan(BaseModel):
             "memory": {**_memory_json(self.choice.memory), "error": _error_json(self.memory_error)},
             "throughput": {"tokens_per_s": tp.tokens_per_s, "samples_per_s": tp.samples_per_s, "mfu": tp.mfu,
                            "step_time_s": tp.step_time_s, "source": tp.source,
+                           "real_tokens_per_s": tp.real_tokens_per_s,
                            "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()},
                            "error": _error_json(self.throughput_error if tp.source == "model" else None)},
+            "dataset": self.dataset.model_dump() if self.dataset else None,
             "candidates": [c.to_json() for c in self.candidates],
             "notes": [note_text(n) for n in self.notes],
             "advice": [n.model_dump() for n in self.notes],
@@ -269,6 +293,10 @@ class Plan(BaseModel):
     def training_arguments(self, **overrides):
         """A transformers.TrainingArguments for the plan (`overrides` applied), the DeepSpeed config given as a dict."""
         return self._loaded().training_arguments(**overrides)
+
+    def sft_config(self, **overrides):
+        """TRL's SFTConfig for the plan (`LoadedPlan.sft_config`): with a dataset, its max_length and batching."""
+        return self._loaded().sft_config(**overrides)
 
     def emit(self, folder, **options) -> list[str]:
         """Write the plan's files into `folder` (what `plan --emit` writes); `options` are emit.EmitOptions' fields
@@ -308,7 +336,7 @@ def _config_json(c: Config) -> dict:
             "global_batch": c.global_batch, "precision": c.precision, "checkpointing": c.checkpointing,
             "zero_stage": c.zero_stage, "offload": c.offload, "engine": c.engine,
             "tensor_parallel": c.tensor_parallel, "data_parallel": c.data_parallel, "compiled": c.compiled,
-            "liger": c.liger}
+            "liger": c.liger, "padding": c.padding}
 
 
 def _memory_json(m: MemoryEstimate) -> dict:

@@ -312,6 +312,39 @@ Kernel = Literal[tuple(KERNEL)]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
+class PaddingInfo:
+    doc: str
+    models: str     # the library code whose batches the arithmetic follows (planner/dataset.py)
+    padded: bool    # every row of a micro-batch is padded to the batch's longest sample
+    #: attention implementations (`ATTENTION`) that keep samples apart under it; () where every one does (each
+    #: sample its own row); `needs_them`: without one it cannot run at all (else its samples attend across)
+    apart_with: tuple[str, ...] = ()
+    needs_them: bool = False
+
+
+#: How samples become micro-batches; the values are the plan's JSON values. Packed and flattened rows keep samples
+#: apart only through varlen attention on their position_ids (transformers' FlashAttention-2 path,
+#: modeling_flash_attention_utils.py `_is_packed_sequence`); under plain SDPA or eager a packed row attends across
+#: the samples it holds.
+PADDING: dict[str, PaddingInfo] = {
+    "longest": PaddingInfo("random batches, each padded to its longest sample",
+                           "transformers/data/data_collator.py DataCollatorWithPadding, DataCollatorForLanguageModeling "
+                           "(padding=True, i.e. 'longest', their default)", True),
+    "grouped": PaddingInfo("batches of similar lengths (TrainingArguments train_sampling_strategy='group_by_length', "
+                           "group_by_length=True before transformers 5), padded to their longest",
+                           "transformers/trainer_pt_utils.py LengthGroupedSampler, get_length_grouped_indices", True),
+    "packing": PaddingInfo("samples concatenated into rows of max_length tokens (TRL SFTConfig packing=True)",
+                           "trl/data_utils.py pack_dataset", False, ("flash",)),
+    "padding-free": PaddingInfo("each micro-batch concatenated into one row with position_ids, no padding (needs "
+                                "varlen attention such as FlashAttention)",
+                                "transformers/data/data_collator.py DataCollatorWithFlattening; TRL SFTConfig "
+                                "padding_free=True", False, ("flash",), True),
+}
+Padding = Literal[tuple(PADDING)]  # type: ignore[valid-type]
+LONGEST, GROUPED, PACKING, PADDING_FREE = PADDING
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     doc: str
     zero_stages: tuple[int, ...]                 # the sharding stages it runs (ZeRO numbering)

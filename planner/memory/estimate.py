@@ -235,7 +235,7 @@ class Evaluation:
     def whole_run_view(self, cfg: Config) -> AllocatorView | None:
         """The allocator's view of the whole run at full depth for the runs planner/memory/whole_run.py writes (one
         GPU or DDP, eager, the whole model on the Trainer's loss); None for others."""
-        key = cfg.model_dump_json(include={"micro_batch", "grad_accum", "world_size", "precision", "checkpointing",
+        key = cfg.model_dump_json(include={"micro_batch", "grad_accum", "world_size", "precision", "checkpointing", "liger",
                                            "engine", "tensor_parallel", "compiled"})
         return facts.cached(self._whole_run, key, lambda: evaluation_view(self, cfg))
 

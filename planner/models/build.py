@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 
 from planner.errors import InputError
@@ -291,3 +292,20 @@ def _num_labels(model, config) -> int:
 def _adapter_fields(adapter, quantized: int) -> dict:
     return {"adapter": adapter.method if adapter is not None else NO_ADAPTER, "quantized_parameters": quantized,
             "quantized_bytes": nf4_bytes(quantized, adapter.double_quant) if quantized else 0}
+
+
+def samples_kept_apart(config, attention: str, trust_remote_code: bool = False) -> bool:
+    """Whether the model keeps the samples of a packed or flattened row apart (position_ids restarting at each
+    sample): FlashAttention-2 does by its varlen path (transformers/modeling_flash_attention_utils.py
+    `_is_packed_sequence`); SDPA and eager do where the model builds its mask with transformers' masking utilities,
+    which find packed sequences in the position_ids (transformers/masking_utils.py `find_packed_sequence_indices`)."""
+    if attention == FLASH:
+        return True
+    if config is None:
+        return False
+    cls = model_class(config, trust_remote_code)
+    module = inspect.getmodule(getattr(cls, "auto", cls))
+    try:
+        return module is not None and "create_causal_mask(" in inspect.getsource(module)
+    except (OSError, TypeError):
+        return False

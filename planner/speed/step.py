@@ -65,6 +65,13 @@ class ThroughputInfo(BaseModel):
     #: probe+model: measured on fewer ranks, the modelled communication added
     source: Literal["model", "calibrated", "probe", "probe+model"] = "model"
     parts: StepParts = StepParts()
+    #: tokens of data per second, padding left out (None: every sample fills its row, as without a dataset)
+    real_tokens_per_s: float | None = None
+
+    @property
+    def useful_tokens_per_s(self) -> float:
+        """What candidates are ranked by: tokens of data per second."""
+        return self.tokens_per_s if self.real_tokens_per_s is None else self.real_tokens_per_s
 
 
 def matmul_parameters(spec: ModelSpec) -> int:
