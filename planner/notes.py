@@ -28,6 +28,8 @@ NOTE: dict[str, NoteInfo] = {
     "no-pipeline": NoteInfo("pipeline parallelism is not planned", False),
     "host-assumed": NoteInfo("offload was checked against assumed host RAM", True),
     "moe-zero3": NoteInfo("a mixture of experts under ZeRO-3: prepare marks its expert blocks as leaves", True),
+    "lora-fused-parameters": NoteInfo("peft adapts fused expert weights as parameters, without dropout", True),
+    "qlora-16bit-experts": NoteInfo("QLoRA: bitsandbytes leaves fused expert weights 16-bit", True),
     "qlora-ddp-only": NoteInfo("QLoRA is planned on one GPU or DDP only", False),
     "qlora-prepare": NoteInfo("QLoRA: load with bnb_config() and prepare(), not prepare_model_for_kbit_training", True),
     "compile-not-weighed": NoteInfo("torch.compile was not weighed: the run's length is unknown", False),

@@ -96,7 +96,7 @@ def plan_request(request: PlanRequest, *, measure: Callable | None = None, progr
                  candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=search_notes(job, ranked),
                  dataset=dataset_summary(job, ranked[0].config))
     if not ranked[0].fits:
-        levers = suggestions(draft, job.evaluator, job.gpu)
+        levers = suggestions(draft, job.evaluator, job.gpu, request.offload)
         raise NoFitError(no_fit_message(draft), suggestions=[suggestion_text(s) for s in levers], plan=draft,
                          levers=levers)
     if measure is not None:
@@ -336,7 +336,7 @@ def search_notes(job: Job, ranked: list[Candidate]) -> tuple[Note, ...]:
                                          if info.in_auto and info.autocast):
         notes.append(note("no-bf16", gpu=gpu.name, compute_capability=gpu.compute_capability))
     notes += _tf32_note(job, choice) + _parallelism_notes(job, ranked) + _host_note(hardware, choice)
-    notes += _moe_note(job.spec, choice) + _qlora_notes(job)
+    notes += _moe_note(job.spec, choice) + _adapter_notes(job) + _qlora_notes(job)
     return tuple(notes) + _compile_notes(job, choice)
 
 
@@ -377,6 +377,23 @@ def _moe_note(spec, choice: Candidate) -> list[Note]:
     if spec.num_experts <= 1 or not (cfg.engine == DEEPSPEED and cfg.zero_stage == 3):
         return []
     return [note("moe-zero3", experts_per_token=spec.experts_per_token, experts=spec.num_experts)]
+
+
+def _adapter_notes(job: Job) -> list[Note]:
+    """Where peft adapts fused expert weights as parameters, and QLoRA leaves them 16-bit."""
+    adapter, spec = job.resolved.adapter, job.spec
+    if adapter is None:
+        return []
+    out = []
+    if adapter.fused_parameters:
+        out.append(note("lora-fused-parameters", parameters=", ".join(adapter.fused_parameters),
+                        dropout=adapter.dropout))
+    # bitsandbytes converts linear modules only: frozen 3D parameters (fused experts) keep the compute dtype
+    fused = sum(-n for n, dims in zip(spec.tensor_sizes, spec.tensor_ndims) if n < 0 and dims >= 3)
+    if adapter.quantized and fused:
+        out.append(note("qlora-16bit-experts", experts=fused, unquantized=spec.frozen_parameters -
+                        spec.quantized_parameters, frozen=spec.frozen_parameters))
+    return out
 
 
 def _qlora_notes(job: Job) -> list[Note]:

@@ -15,7 +15,7 @@ from planner.vocab import DEEPSPEED, ESTIMATE
 
 GiB = 2**30
 _PARTS = (("parameters", "param", "cyan"), ("gradients", "grad", "magenta"),
-          ("optimizer_states", "optim", "yellow"), ("activations", "activ", "green"), ("overhead", "other", "red"),
+          ("optimizer_states", "optim", "yellow"), ("activations", "act", "green"), ("overhead", "other", "red"),
           ("margin", "margin", "bright_black"))
 
 
@@ -68,7 +68,9 @@ def _trained(m) -> list[str]:
 def _host(h) -> str:
     source = f"assumed: {h.host_system}; --host-memory sets it" if h.host_memory_source == "assumed" else \
         h.host_memory_source
-    return f"host RAM {h.host_memory_bytes / 1e9:,.1f} GB per node ({source})"
+    ram = h.host_memory_bytes / 1e9
+    return f"host RAM {ram:,.0f} GB per node ({source})" if ram >= 100 else \
+        f"host RAM {ram:,.1f} GB per node ({source})"
 
 
 def summary(plan, explain: bool = False) -> Panel:
@@ -117,9 +119,11 @@ def _speed_line(tp, error) -> str:
         return (f"~{fmt_tokens(speed)} {what}, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
                 f"({_speed_source(tp.source)})")
     low, high = error.bounds(speed)
-    return (f"{fmt_tokens(low)}-{fmt_tokens(high)} {what}, step {fmt_seconds(speed / high * tp.step_time_s)}"
-            f"-{fmt_seconds(speed / low * tp.step_time_s)} (modelled {fmt_tokens(speed)}; 9 in 10 of {error.rows} runs "
-            "like it)")
+    steps = (speed / high * tp.step_time_s, speed / low * tp.step_time_s)
+    unit, scale = ("s", 1) if steps[0] >= 1 else ("ms", 1e3)
+    digits = 1 if steps[1] * scale >= 10 else 2
+    step = f"{steps[0] * scale:.{digits}f}-{steps[1] * scale:.{digits}f} {unit}"
+    return f"{fmt_tokens(low)}-{fmt_tokens(high)} {what}, step {step} (modelled; 9 in 10 runs like it)"
 
 
 def _speed_source(source: str) -> str:
@@ -324,9 +328,16 @@ def render_no_fit(err, console: Console) -> None:
     near = closest(err.plan) if err.plan is not None else None
     if near is not None:
         console.print(f"Closest: {escape(near.config.label())} — {escape(near.reason)}")
+    for n in err.plan.notes if err.plan is not None else ():
+        if n.kind in NO_FIT_NOTES:
+            console.print(f"Why: {escape(note_text(n))}")
     console.print("[bold]What would fit:[/]")
     for s in err.suggestions:
         console.print(f"  • {escape(s)}")
+
+
+#: notes that explain why nothing fits, shown with the no-fit advice
+NO_FIT_NOTES = ("qlora-16bit-experts", "qlora-ddp-only")
 
 
 def closest(plan):
@@ -440,6 +451,12 @@ NOTE_TEXT = {
                             "per token in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 "
                             "leaf (deepspeed.utils.set_z3_leaf_modules): entering it gathers all its experts at once. "
                             "Without plan.prepare, call that yourself."),
+    "lora-fused-parameters": lambda v: (f"LoRA on {v['parameters']}: peft adapts these fused expert weights as "
+                                        f"parameters, which take no dropout, so LoRA dropout is {v['dropout']:g} "
+                                        "(name modules with --lora-targets to keep dropout)."),
+    "qlora-16bit-experts": lambda v: (f"QLoRA stores only linear layers in 4 bits: {v['unquantized'] / 1e9:.1f}B of the "
+                                      f"{v['frozen'] / 1e9:.1f}B frozen parameters stay 16-bit, among them the fused "
+                                      f"experts ({v['experts'] / 1e9:.1f}B), which bitsandbytes does not quantise."),
     "qlora-ddp-only": lambda v: f"Only DDP was planned: {v['problem']}.",
     "qlora-prepare": lambda v: ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps "
                                 "the unquantised weights 16-bit. peft's prepare_model_for_kbit_training (TRL's "
@@ -521,13 +538,14 @@ def suggestion_text(s: Lever) -> str:
     v = s.values
     smallest = (f"The smallest configuration (micro-batch 1, full checkpointing, {v.get('precision')}"
                 f"{', ZeRO-3' if v.get('zero3') else ''}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
+    nodes = f" --nodes {v['nodes']}" if v.get("nodes", 1) > 1 else ""
     texts = {
         "pinned": lambda: (f"{smallest} and fits the {v['budget'] / GiB:.1f} GiB budget: the choices you pinned "
                            "(micro-batch, precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin "
                            "fewer of them."),
         "smallest": lambda: f"{smallest}; the budget is {v['budget'] / GiB:.1f} GiB.",
-        "more-gpus": lambda: (f"More GPUs: {v['gpus']} x {v['gpu']} ({v['nodes']} node(s) of {v['per_node']}) with "
-                              f"ZeRO-3 need {v['peak'] / GiB:.1f} GiB per GPU (the global batch must divide by "
+        "more-gpus": lambda: (f"More GPUs: {v['gpus']} x {v['gpu']} with ZeRO-3 need {v['peak'] / GiB:.1f} GiB per "
+                              f"GPU (--gpus-per-node {v['per_node']}{nodes}; the global batch must divide by "
                               f"{v['gpus']})."),
         "larger-gpu": lambda: (f"A larger GPU: {v['gpu']} ({v['gpu_gib']:.0f} GiB) holds the smallest configuration "
                                f"({v['peak'] / GiB:.1f} GiB)."),
@@ -539,7 +557,7 @@ def suggestion_text(s: Lever) -> str:
                                  f"{v['host_budget'] / GiB:.0f} GiB per node planned for (--host-memory)."),
         "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {v['peak'] / GiB:.1f} "
                             f"GiB per GPU and {v['host_bytes'] / GiB:.0f} GiB of host memory"
-                            f"{' (drop --no-offload)' if v['was_off'] else ''}."),
+                            f"{' (allow it: --offload auto)' if v['was_off'] else ''}."),
         "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
                                f"peak {v['peak'] / GiB:.1f} GiB fits (--optimizer adamw-8bit)."),
         "adapters": lambda: "Adapters instead of full fine-tuning: " + _adapters_tried(v) + ", which fits.",

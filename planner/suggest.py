@@ -11,12 +11,13 @@ from __future__ import annotations
 from planner import hardware as hw
 from planner.config import Config
 from planner.errors import InputError
+from planner.hardware.systems import usual_system
 from planner.memory.estimate import Evaluation, sequence_fit
 from planner.models import trained_as
 from planner.models.adapters import Adapter
 from planner.notes import Lever, lever
 from planner.search import MemoryEvaluator
-from planner.vocab import ADAMW_8BIT, FULL, NO_OFFLOAD, OFFLOAD, OFFLOAD_ALL, PRECISION
+from planner.vocab import ADAMW_8BIT, FULL, NO_OFFLOAD, OFFLOAD_ALL, PRECISION
 
 def _least_memory_config(world: int, precision: str, zero: int, offload: str) -> Config:
     return Config(micro_batch=1, grad_accum=1, world_size=world, precision=precision,
@@ -29,44 +30,60 @@ def _mixed_precision(gpu) -> str:
     return max(usable, key=lambda p: PRECISION[p].needs_bf16)
 
 
-def suggestions(plan, evaluator, gpu) -> list[Lever]:
+def suggestions(plan, evaluator, gpu, offload: str) -> list[Lever]:
+    """The levers that would fit, each a configuration trainplan plans (QLoRA: no ZeRO-3, no offload); `offload` is
+    the request's (`none` pinned means offload was ruled out by the user)."""
     hwinfo = plan.hardware
     budget = hwinfo.budget_bytes
     precision = _mixed_precision(gpu)
     world = hwinfo.gpus_per_node * hwinfo.nodes
-    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))
-    smallest = dict(precision=precision, zero3=world > 1, peak=best.peak, budget=budget)
+    adapter = evaluator.evaluation.resolved.spec.adapter
+    shards = _least_memory_config(2, precision, 3, NO_OFFLOAD).adapter_problem(adapter) is None
+    best = evaluator.estimate(_least_memory_config(world, precision, 3 if world > 1 and shards else 0, NO_OFFLOAD))
+    smallest = dict(precision=precision, zero3=world > 1 and shards, peak=best.peak, budget=budget)
     if best.peak <= budget:  # the search ruled it out: the user's pinned choices exclude every fitting one
         return [lever("pinned", **smallest)]
     out = [lever("smallest", **smallest)]
-    for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+    for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if shards else ():
         total = world * n
         if total > 4096:
             break
         est = evaluator.estimate(_least_memory_config(total, precision, 3, NO_OFFLOAD))
         if est.peak <= budget:
-            out.append(lever("more-gpus", gpus=total, gpu=gpu.name, nodes=max(1, total // max(hwinfo.gpus_per_node, 1)),
-                             per_node=hwinfo.gpus_per_node, peak=est.peak))
+            # a single node grows to its usual system's GPU count before more nodes are added
+            per_node = hwinfo.gpus_per_node if hwinfo.nodes > 1 else max(hwinfo.gpus_per_node,
+                                                                          min(total, _system_gpus(gpu.name)))
+            out.append(lever("more-gpus", gpus=total, gpu=gpu.name, nodes=-(-total // per_node), per_node=per_node,
+                             peak=est.peak))
             break
     need = best.peak / (1 - hwinfo.headroom)
     bigger = sorted((g for g in hw.catalog() if g.memory_bytes >= need and not g.cannot_run(precision)),
                     key=lambda g: g.memory_bytes)
     if bigger:
         out.append(lever("larger-gpu", gpu=bigger[0].name, gpu_gib=bigger[0].memory_gib, peak=best.peak))
-    off = evaluator.estimate(_least_memory_config(world, precision, 3, OFFLOAD_ALL))
-    out.append(_offload_lever(plan, off, budget))
-    eight = _with_optimizer(evaluator, ADAMW_8BIT, world, precision)
+    off = evaluator.estimate(_least_memory_config(world, precision, 3, OFFLOAD_ALL)) if shards else None
+    if off is not None:
+        out.append(_offload_lever(plan, off, budget, offload))
+    eight = _with_optimizer(evaluator, ADAMW_8BIT, world, precision, smallest["zero3"])
     if plan.optimizer != ADAMW_8BIT and eight.peak <= budget:
         out.append(lever("adamw-8bit", peak=eight.peak))
     out += _adapter_lever(evaluator, world, precision, budget)
-    shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision, NO_OFFLOAD)
+    shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision, NO_OFFLOAD, smallest["zero3"])
     if shorter:
         out.append(lever("shorter-sequence", seq_len=shorter))
-    elif off.peak > budget:  # the states alone overflow the card: the shorter sequence with everything offloaded
+    elif off is not None and off.peak > budget:  # the states alone overflow: a shorter sequence, all offloaded
         shorter = _shorter_sequence(plan, evaluator, off, budget, world, precision, OFFLOAD_ALL)
         if shorter:
             out.append(lever("offload-shorter-sequence", seq_len=shorter))
     return out
+
+
+def _system_gpus(gpu_name: str) -> int:
+    """GPUs in the usual system of a catalog GPU; 1 for a GPU outside the catalog."""
+    try:
+        return usual_system(gpu_name).gpus
+    except KeyError:
+        return 1
 
 
 def _adapter_lever(evaluator, world: int, precision: str, budget: int) -> list[Lever]:
@@ -89,17 +106,18 @@ def _adapter_lever(evaluator, world: int, precision: str, budget: int) -> list[L
     return [lever("adapters-short", fits=None, **tried)]
 
 
-def _offload_lever(plan, off, budget: int) -> Lever:
+def _offload_lever(plan, off, budget: int, offload: str) -> Lever:
     """Full offload (ZeRO-3, optimizer and parameters in host memory): its numbers, fitting or not."""
     host = plan.hardware.host_memory_bytes
     if off.peak > budget:
         return lever("offload-short", peak=off.peak, over=off.peak - budget)
     if host and off.cpu_offload_bytes > host:
         return lever("offload-host", peak=off.peak, host_bytes=off.cpu_offload_bytes, host_budget=host)
-    return lever("offload", peak=off.peak, host_bytes=off.cpu_offload_bytes, was_off=not _offloads(plan))
+    return lever("offload", peak=off.peak, host_bytes=off.cpu_offload_bytes, was_off=offload == NO_OFFLOAD)
 
 
-def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision: str, offload: str) -> int | None:
+def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision: str, offload: str,
+                     zero3: bool = False) -> int | None:
     """The longest multiple of 64 below the planned length whose activations fit next to the model states of
     `best` (the least-memory configuration with `offload`), from a quadratic fit of three traced lengths
     (analytic when the model cannot be traced)."""
@@ -114,7 +132,7 @@ def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision:
     lens = (max(64, s // 4 // 64 * 64), max(128, s // 2 // 64 * 64), s)
     if len(set(lens)) < 3:
         return None
-    cfg = _least_memory_config(world, precision, 3 if world > 1 or offload != NO_OFFLOAD else 0, offload)
+    cfg = _least_memory_config(world, precision, 3 if offload != NO_OFFLOAD or zero3 else 0, offload)
     try:
         act_at = sequence_fit(evaluator.evaluation, cfg, lens).activations
     except Exception:  # noqa: BLE001 - untraceable model: activations roughly proportional to length
@@ -125,15 +143,10 @@ def _shorter_sequence(plan, evaluator, best, budget: int, world: int, precision:
     return candidate if candidate >= 64 else None
 
 
-def _offloads(plan) -> set[str]:
-    """The offloads the plan searched (empty with --no-offload)."""
-    return {c.config.offload for c in plan.candidates if OFFLOAD[c.config.offload].optimizer_on_cpu}
-
-
-def _with_optimizer(evaluator, optimizer, world, precision):
+def _with_optimizer(evaluator, optimizer, world, precision, zero3: bool):
     """The least-memory configuration with another optimizer (a second evaluation; traces are shared)."""
     return _variant(evaluator, optimizer=optimizer).estimate(
-        _least_memory_config(world, precision, 3 if world > 1 else 0, NO_OFFLOAD))
+        _least_memory_config(world, precision, 3 if zero3 else 0, NO_OFFLOAD))
 
 
 def _variant(evaluator, *, resolved=None, optimizer: str | None = None) -> MemoryEvaluator:

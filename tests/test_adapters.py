@@ -247,3 +247,56 @@ def test_no_fit_names_the_adapters_that_would_fit():
         plan("meta-llama/Llama-3.1-8B", 16, seq_len=2048, gpu="T4-16GB", offload=False)
     lever = next(s for s in err.value.suggestions if "Adapters" in s)
     assert "--peft lora" in lever and "--peft qlora" in lever and lever.endswith("which fits.")
+
+
+def _tiny_mixtral():
+    return transformers.MixtralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_local_experts=4, vocab_size=128)
+
+
+def test_lora_over_fused_experts_defaults_to_no_dropout_and_keeps_a_given_one_elsewhere():
+    """transformers 5 stores Mixtral's experts as 3D parameters; peft adapts them with a wrapper that refuses
+    dropout, so the default all-linear targets get dropout 0, module targets keep 0.05, and a given dropout over
+    fused parameters is an input error naming the flag."""
+    from planner.models.adapters import DEFAULT_DROPOUT
+
+    fused = resolve_model(_tiny_mixtral(), adapter=Adapter("lora")).adapter
+    assert fused.dropout == 0 and {"gate_up_proj", "down_proj"} <= set(fused.fused_parameters)
+    modules = resolve_model(_tiny_mixtral(), adapter=Adapter("lora", targets=("q_proj", "v_proj"))).adapter
+    assert modules.dropout == DEFAULT_DROPOUT and modules.fused_parameters == ()
+    dense = resolve_model("gpt2", adapter=Adapter("lora")).adapter
+    assert dense.dropout == DEFAULT_DROPOUT and dense.fused_parameters == ()
+    with pytest.raises(InputError) as err:
+        resolve_model(_tiny_mixtral(), adapter=Adapter("lora", dropout=0.1))
+    assert err.value.flag == "--lora-dropout"
+    assert resolve_model(_tiny_mixtral(), adapter=Adapter("lora", dropout=0.0)).adapter.dropout == 0
+
+
+def test_qlora_on_mixtral_plans_by_default_and_says_why_its_experts_stay_16_bit(tmp_path):
+    p = plan(_tiny_mixtral(), 8, seq_len=128, gpu="A100-80GB", peft="qlora")
+    kinds = {n.kind: n for n in p.notes}
+    assert kinds["lora-fused-parameters"]["dropout"] == 0
+    experts = kinds["qlora-16bit-experts"]
+    spec = resolve_model(_tiny_mixtral()).spec
+    assert experts["experts"] == spec.expert_parameters  # the fused experts, none of them in 4 bits
+    emit(p, tmp_path)
+    assert json.loads((tmp_path / "peft_config.json").read_text())["lora_config"]["lora_dropout"] == 0
+
+
+def test_no_fit_advice_for_qlora_names_only_plans_trainplan_makes():
+    """QLoRA is planned on one GPU or DDP: more GPUs with ZeRO-3 and offload are not advice for it; the reason
+    its base is large (16-bit experts) is with the advice."""
+    from planner.errors import NoFitError
+
+    with pytest.raises(NoFitError) as err:
+        plan("mixtral-8x7b", 16, seq_len=2048, gpu="H100-80GB", gpus_per_node=2, peft="qlora",
+             lora_targets="q_proj,v_proj")
+    kinds = [lever.kind for lever in err.value.levers]
+    assert kinds[0] == "smallest" and not err.value.levers[0]["zero3"]
+    assert not {"more-gpus", "offload", "offload-short", "offload-host", "offload-shorter-sequence"} & set(kinds)
+    assert "qlora-16bit-experts" in {n.kind for n in err.value.plan.notes}
+    with pytest.raises(NoFitError) as full:  # full fine-tuning on one card: grow the node to its usual 8 GPUs
+        plan("meta-llama/Llama-3.1-8B", 16, seq_len=4096, gpu="A100-40GB", offload=False)
+    more = next(lever for lever in full.value.levers if lever.kind == "more-gpus")
+    assert (more["gpus"], more["per_node"], more["nodes"]) == (8, 8, 1)
+    assert "--gpus-per-node 8;" in next(s for s in full.value.suggestions if s.startswith("More GPUs"))

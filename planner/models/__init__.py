@@ -20,7 +20,7 @@ from planner.models.build import build_meta, spec_from_model
 from planner.models.presets import find_preset, presets
 from planner.models.spec import ModelSpec
 from planner.models.validate import check_config
-from planner.vocab import AUTO
+from planner.vocab import AUTO, task_of_class
 
 __all__ = ["ModelSpec", "ResolvedModel", "resolve_model", "trained_as", "presets"]
 
@@ -68,10 +68,13 @@ def trained_as(resolved: ResolvedModel, task=None, num_labels=None, adapter=None
     """The resolved model with another head and/or adapters, counted on the meta model peft builds."""
 
     config, trust = with_task(resolved.config, task, num_labels), resolved.trust_remote_code
+    quantized = 0
+    if adapter is not None:
+        base = build_meta(config, trust_remote_code=trust)
+        adapter = adapter.for_model(base, task_of_class(type(base).__name__))
+        # bitsandbytes converts the base's own linears: counted on the model before peft wraps them
+        quantized = quantized_linear_numel(base) if adapter.quantized else 0
     model = build_meta(config, trust_remote_code=trust, adapter=adapter)
-    # bitsandbytes converts the base's own linears: counted on the model before peft wraps them
-    quantized = quantized_linear_numel(build_meta(config, trust_remote_code=trust)) if (
-        adapter is not None and adapter.quantized) else 0
     spec = spec_from_model(model, config, name=resolved.spec.name, source=resolved.spec.source, adapter=adapter,
                            quantized=quantized)
     return ResolvedModel(spec=spec, config=config, trust_remote_code=resolved.trust_remote_code, adapter=adapter)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from planner import facts
 from planner.errors import InputError
@@ -23,7 +23,7 @@ from planner.vocab import ADAPTER, ALL_LINEAR, AUTO, CLASS_LABELS, NO_ADAPTER, T
 
 #: peft's `LoraConfig` defaults where the user gives none: rank 16 and alpha 2 x rank (the common pairing; peft's own
 #: defaults, r=8 and alpha=8, are small for 7B-class models); dropout 0.05 (the QLoRA paper's for 7B-13B, arXiv
-#: 2305.14314 appendix B.2).
+#: 2305.14314 appendix B.2), 0 where peft adapts fused parameters (`Adapter.for_model`).
 DEFAULT_RANK = 16
 DEFAULT_DROPOUT = 0.05
 
@@ -50,8 +50,9 @@ class Adapter:
     rank: int = DEFAULT_RANK
     alpha: float | None = None              # None: 2 x rank
     targets: tuple[str, ...] = (ALL_LINEAR,)
-    dropout: float = DEFAULT_DROPOUT
+    dropout: float | None = None            # None: DEFAULT_DROPOUT, settled per model by `for_model`
     double_quant: bool = True               # QLoRA: quantise the 4-bit blocks' absmax constants too
+    fused_parameters: tuple[str, ...] = ()  # what peft adapts as parameters, not modules (set by `for_model`)
 
     def __post_init__(self):
         if self.method not in ADAPTER or self.method == NO_ADAPTER:
@@ -61,7 +62,7 @@ class Adapter:
             raise InputError("the LoRA rank must be an integer from 1 to 4096", flag="--lora-rank")
         if self.alpha is not None and not self.alpha > 0:
             raise InputError("the LoRA alpha must be positive", flag="--lora-alpha")
-        if not 0.0 <= self.dropout < 1.0:
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise InputError("the LoRA dropout must be in [0, 1)", flag="--lora-dropout")
         if not self.targets or any(not t or "," in t for t in self.targets):
             raise InputError("no LoRA target modules", flag="--lora-targets",
@@ -81,11 +82,39 @@ class Adapter:
         """peft `LoraConfig(**kwargs)` for a model trained for `task` (`vocab.TASK`)."""
         targets = ALL_LINEAR if self.targets == (ALL_LINEAR,) else list(self.targets)
         kwargs = {"r": self.rank, "lora_alpha": self.alpha if self.alpha is not None else 2 * self.rank,
-                  "lora_dropout": self.dropout, "target_modules": targets, "bias": "none"}
+                  "lora_dropout": DEFAULT_DROPOUT if self.dropout is None else self.dropout,
+                  "target_modules": targets, "bias": "none"}
         peft_task = TASK[task].peft_task
         if peft_task:
             kwargs["task_type"] = peft_task
         return kwargs
+
+    def _fused_targets(self, model, task: str) -> tuple[str, ...]:
+        """The parameters peft adapts as parameters rather than through their modules: transformers 5's fused 3D
+        expert weights (Mixtral's `experts.gate_up_proj`), which `all-linear` or the experts' old module names reach
+        (peft/utils/transformers_weight_conversion.py `convert_peft_config_for_transformers`)."""
+        peft = _import_peft()
+        try:
+            from peft.utils.transformers_weight_conversion import (
+                convert_peft_config_for_transformers,
+                get_model_conversion_mapping,
+            )
+        except ImportError:  # a peft without the conversion adapts modules only
+            return ()
+        config = peft.LoraConfig(**self.lora_kwargs(task))
+        convert_peft_config_for_transformers(config, model=model, conversions=get_model_conversion_mapping(model))
+        return tuple(sorted(config.target_parameters or ()))
+
+    def for_model(self, model, task: str) -> Adapter:
+        """This adapter with its default dropout settled for `model`: 0 where peft adapts fused parameters, whose
+        wrapper refuses dropout (peft/tuners/lora/layer.py `ParamWrapper.__init__`), else DEFAULT_DROPOUT."""
+        fused = self._fused_targets(model, task)
+        if fused and self.dropout:
+            raise InputError(f"peft adapts {', '.join(fused)} as fused parameters, which take no LoRA dropout",
+                             flag="--lora-dropout", hint="Use --lora-dropout 0, or name modules only with "
+                             "--lora-targets (e.g. q_proj,k_proj,v_proj,o_proj).")
+        dropout = self.dropout if self.dropout is not None else 0.0 if fused else DEFAULT_DROPOUT
+        return replace(self, dropout=dropout, fused_parameters=fused)
 
     def bnb_kwargs(self, compute_dtype: str) -> dict | None:
         """transformers `BitsAndBytesConfig(**kwargs)` for QLoRA (None for LoRA), NF4 as the QLoRA paper trains."""
@@ -95,13 +124,14 @@ class Adapter:
                 "bnb_4bit_compute_dtype": compute_dtype}
 
     def to_json(self) -> dict:
-        return {**asdict(self), "targets": list(self.targets)}
+        return {**asdict(self), "targets": list(self.targets), "fused_parameters": list(self.fused_parameters)}
 
     @classmethod
     def from_json(cls, data: dict | None) -> "Adapter | None":
         if not data:
             return None
-        return cls(**{**data, "targets": tuple(data["targets"])})
+        return cls(**{**data, "targets": tuple(data["targets"]),
+                      "fused_parameters": tuple(data.get("fused_parameters", ()))})
 
     def label(self) -> str:
         targets = ",".join(self.targets)
