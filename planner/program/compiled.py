@@ -36,7 +36,7 @@ from planner import facts
 from planner.cache import load_json, store_json
 from planner.program.profile import _ATTENTION_BACKWARD, _ATTENTION_FORWARD, _FREE, _MATMULS
 from planner.program.step import forward_loss
-from planner.program.trace import fake_step_model, trace_key
+from planner.program.trace import fake_step_model, liger_stand_ins, trace_key
 from planner.vocab import NO_CHECKPOINTING
 
 CACHE_VERSION = 2
@@ -235,7 +235,8 @@ def analyse_program(config, layers: int, req, trust: bool = False) -> dict:
         found[FORWARD], found[BACKWARD] = graph_cost(fw.graph), graph_cost(bw.graph)
         return fw, bw
 
-    with fake_step_model(config, layers, req, trust) as (model, batch):
+    # Liger's stand-ins (planner/program/liger.py) where `req.liger`: AOTAutograd traces through their Functions
+    with fake_step_model(config, layers, req, trust) as (model, batch), liger_stand_ins(req, model):
         tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         names, keys = list(tensors), list(batch)
 

@@ -16,6 +16,7 @@ disk (JSON).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
@@ -26,11 +27,13 @@ from planner.models.build import build_meta, with_layers
 from planner.program.autocast import cuda_autocast_rules
 from planner.program.dropout import fused_dropout
 from planner.program.forked import map_forked, worker_count
+from planner.program.liger import CACHE_VERSION as LIGER_CACHE_VERSION
+from planner.program.liger import patches_for, stand_ins, unwrap
 from planner.program.profile import OpRecorder
 from planner.program.regions import Template, block_regions
 from planner.program.step import enable_checkpointing, forward_loss, make_batch
 from planner.program.tracker import LiveStorageTracker
-from planner.vocab import ACTIVATIONS, KERNEL, LABELS_OBJECTIVE
+from planner.vocab import ACTIVATIONS, KERNEL, LABELS_OBJECTIVE, task_of_class
 
 #: Block counts traced for the per-block slope. From 3 blocks on, the moment of the peak (end of the
 #: forward, or the loss's backward) no longer moves with depth, so the slope holds for any depth; 2 and 4
@@ -161,7 +164,10 @@ def trace_key(config_hash: str, layers: int, req: TraceRequest) -> str:
     import torch
     import transformers
 
-    text = json.dumps([CACHE_VERSION, config_hash, layers, asdict(req), torch.__version__, transformers.__version__])
+    # Liger's stand-ins version only the traces that run them: every other key is as before
+    liger = [LIGER_CACHE_VERSION] if req.liger else []
+    text = json.dumps([CACHE_VERSION, config_hash, layers, asdict(req), torch.__version__, transformers.__version__]
+                      + liger)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -464,6 +470,49 @@ def _autocast_rules(req: TraceRequest):
     return cuda_autocast_rules(req.autocast)
 
 
+def liger_stand_ins(req: TraceRequest, model, recorder: OpRecorder | None = None):
+    """Liger-Kernel's patches as stand-ins (planner/program/liger.py) for a step traced with `req.liger`, where Liger
+    has patches for the model's type; nothing otherwise. With `recorder`, the fused loss's chunks count as the step's
+    tokens in the op profile (their rows grow with the micro-batch)."""
+    patches = patches_for(model.config, task_of_class(type(unwrap(model)).__name__)) if req.liger else None
+    if patches is None:
+        return contextlib.nullcontext()
+    rows = functools.partial(_tokens_as, recorder) if recorder is not None else None
+    return stand_ins(model, patches, cuda=req.autocast_device == "cuda", chunk_rows=rows)
+
+
+@contextlib.contextmanager
+def _tokens_as(recorder: OpRecorder, rows: int):
+    """The op profile counts `rows` (a chunk of the step's tokens) as the step's token count for the length of the
+    block, then folds the GEMMs the block ran into one per shape, its rows those of all the chunks: as the micro-batch
+    grows a chunked loop keeps its chunk count and grows its chunks, and a GEMM of the chunks' rows scaled by the
+    speed model keeps its FLOPs and its rows' alignment (a chunk's rows scaled by a fraction are misaligned for
+    planner/speed/kernels.py `gemm_fraction`)."""
+    tokens, recorder.tokens = recorder.tokens, rows
+    before = dict(recorder.profile.matmuls)
+    try:
+        yield
+    finally:
+        recorder.tokens = tokens
+        _fold_gemms(recorder.profile.matmuls, before)
+
+
+def _fold_gemms(matmuls: dict[str, float], before: dict[str, float]) -> None:
+    """The GEMMs added to `matmuls` since `before` whose token-marked dimensions are a chunk's, as one GEMM each with
+    those dimensions times the count (keys as planner/program/profile.py `Profile.matmuls` writes them)."""
+    for key, count in list(matmuls.items()):
+        added = count - before.get(key, 0.0)
+        b, m, n, k, dtype, phase, scaled = key.split(",")
+        if added <= 0 or "1" not in scaled:
+            continue
+        dims = [int(float(d)) * (int(added) if flag == "1" else 1) for d, flag in zip((b, m, n, k), scaled)]
+        folded = ",".join(map(str, (*dims, dtype, phase, scaled)))
+        matmuls[key] = count - added
+        if not matmuls[key]:
+            del matmuls[key]
+        matmuls[folded] = matmuls.get(folded, 0.0) + 1
+
+
 def _sdpa_kernel(kernel: str):
     """Force the SDPA backend a kernel needs on the CPU (the math fallback); otherwise torch's own choice."""
     backend = KERNEL[kernel].sdpa_backend
@@ -527,7 +576,7 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
             base = tracker.reset_peak()
             tracker.record(where=regions.code if regions else None)
             with _sdpa_kernel(req.attention), _autocast_rules(req), _cuda_dropout(req), \
-                    recorder or contextlib.nullcontext():
+                    liger_stand_ins(req, model, recorder), recorder or contextlib.nullcontext():
                 loss = forward_loss(model, batch, req.autocast, objective=req.objective, hold=held)
                 forward, forward_end = tracker.peak - base, len(tracker.events)
                 tracker.restart_peak()

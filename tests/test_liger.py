@@ -1,0 +1,428 @@
+"""Liger-Kernel in the traced program (planner/program/liger.py): the patch table against liger-kernel's own, the
+fused loss's stand-in against a real chunked loss and against HF's loss, and models traced with and without it.
+
+The byte formulas are those of the research notes on liger-kernel 0.8.5 (per micro-batch of N tokens, hidden H,
+intermediate I, vocabulary V, compute dtype bytes b_c): RMSNorm saves 4·N·H bytes less than HF's per norm, SwiGLU
+N·I·b_c less per layer, RoPE nothing more, and the fused loss replaces HF's N·V·(b_c + 8) bytes at the forward's
+peak (logits, their fp32 upcast, the saved log-softmax) with C·V·b_c + V·H·b_w + N·H·b_x (a chunk's logits, the
+weight's and the input's gradients).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from planner.hardware import lookup_gpu
+from planner.models import resolve_model
+from planner.program import liger
+from planner.program.autocast import cuda_autocast_rules
+from planner.program.trace import TraceRequest, run_trace
+from planner.program.tracker import LiveStorageTracker
+
+HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None and importlib.util.find_spec("triton") is not None
+needs_liger = pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel is not installed in this environment")
+
+
+def tiny(config_class, layers=3, vocab=2000, **extra):
+    return config_class(num_hidden_layers=layers, hidden_size=64, intermediate_size=160, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=vocab, head_dim=16, tie_word_embeddings=False, **extra)
+
+
+def request(**kw):
+    base = dict(micro_batch=2, seq_len=64, activations="half", checkpointing="none", attention="flash",
+                attention_dropout=False, autocast_device="cuda")
+    return TraceRequest(**{**base, **kw})
+
+
+# --- the table ------------------------------------------------------------------------------------------------------
+
+@needs_liger
+def test_table_matches_liger_kernels_own():
+    """Every model type of MODEL_TYPE_TO_APPLY_LIGER_FN, with its apply function's def line and keyword defaults."""
+    import inspect
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    assert set(liger.SUPPORTED) == set(MODEL_TYPE_TO_APPLY_LIGER_FN)
+    for model_type, fn in MODEL_TYPE_TO_APPLY_LIGER_FN.items():
+        params = inspect.signature(fn).parameters
+        on = {name for name, p in params.items() if p.default is True}
+        entry = liger.SUPPORTED[model_type]
+        assert entry.line == inspect.getsourcelines(fn)[1], model_type
+        assert (entry.rope, entry.rms_norm, entry.layer_norm) == ("rope" in on, "rms_norm" in on, "layer_norm" in on)
+        assert entry.mlp == next((n for n in ("swiglu", "geglu", "relu_squared") if n in on), None), model_type
+        assert entry.loss == next((n for n in (liger.FLCE, liger.CROSS_ENTROPY) if n in on), None), model_type
+
+
+#: Run in its own process: liger's apply functions also swap classes and functions in transformers' modules.
+_PROBE = """
+import json, logging, sys
+import transformers
+from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+logging.disable(logging.WARNING)
+small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=128, head_dim=16, pad_token_id=0, num_local_experts=4, num_experts=4, moe_intermediate_size=32,
+             num_experts_per_tok=2)
+out = {}
+for model_type in sys.argv[1:]:
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **small))
+    _apply_liger_kernel_to_instance(model=model)
+    bound = {name: m.__dict__["forward"] for name, m in model.named_modules() if "forward" in m.__dict__}
+    out[model_type] = {"forward": bound.pop("").__module__ if "" in bound else None,
+                       "norms": {n: [m.casting_mode, m.offset, m.in_place] for n, m in model.named_modules()
+                                 if n in bound and hasattr(m, "casting_mode")},
+                       "mlps": {n: f.__qualname__ for n, f in bound.items() if not hasattr(model.get_submodule(n),
+                                                                                           "casting_mode")}}
+print(json.dumps(out))
+"""
+_FORMS = {"LigerSwiGLUMLP.forward": liger.SWIGLU, "LigerHunyuanV1SwiGLUMLP.forward": liger.SWIGLU,
+          "LigerPhi3SwiGLUMLP.forward": liger.PHI3_SWIGLU, "LigerGEGLUMLP.forward": liger.GEGLU,
+          "LigerExperts.forward": liger.EXPERTS}
+
+
+def _per_layer(names: dict) -> dict:
+    """Module paths with the decoder layer's index dropped ("model.layers.1.mlp" -> "mlp"), the final norm kept."""
+    return {name.split(".", 3)[-1] if ".layers." in name else name: value for name, value in names.items()}
+
+
+@needs_liger
+def test_instance_layouts_match_what_liger_binds():
+    """What `_apply_liger_kernel_to_instance` binds on a tiny model of each type in LAYOUTS: the norms (with casting
+    mode, offset, in_place), the MLP's form, and the FLCE forward (granite: cross_entropy instead)."""
+    found = json.loads(subprocess.run([sys.executable, "-c", _PROBE, *liger.LAYOUTS], capture_output=True, text=True,
+                                      check=True).stdout)
+    for model_type, layout in liger.LAYOUTS.items():
+        got, norms = found[model_type], layout.norms
+        want = {path: [norms.casting_mode, norms.offset, norms.in_place] for path in norms.layer}
+        want["model.norm"] = [norms.casting_mode, norms.offset, norms.final_in_place]
+        assert _per_layer(got["norms"]) == want, model_type
+        assert {_FORMS[q] for q in _per_layer(got["mlps"]).values()} == {layout.mlp}, model_type
+        flce = liger.SUPPORTED[model_type].loss == liger.FLCE
+        assert (got["forward"] is not None) == flce, model_type
+
+
+def test_stand_ins_bind_the_modules_the_layouts_name():
+    """The stand-ins bind the norms and MLPs of LAYOUTS (checked against liger above) and the causal LM's forward, and
+    undo every binding on exit."""
+    config = tiny(transformers.Qwen3Config, layers=2)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = transformers.Qwen3ForCausalLM(config)
+    patches = liger.patches_for(config, "causal-lm")
+    with liger.stand_ins(model, patches) as applied:
+        bound = {name for name, m in model.named_modules() if "forward" in m.__dict__}
+        assert applied.patched == {"rms_norm": 2 * 4 + 1, "mlp": 2, "rope": 1, liger.FLCE: 1}
+        assert applied.skipped == []
+    assert _per_layer(dict.fromkeys(bound)).keys() == {"", "model.norm", "mlp", "input_layernorm",
+                                                       "post_attention_layernorm", "self_attn.q_norm",
+                                                       "self_attn.k_norm"}
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb.__name__ == "apply_rotary_pos_emb"
+
+
+@pytest.mark.parametrize("model_type, norms, mlp", [
+    ("llama", ("input_layernorm", "post_attention_layernorm"), liger.SWIGLU),
+    ("mistral", ("input_layernorm", "post_attention_layernorm"), liger.SWIGLU),
+    ("qwen2", ("input_layernorm", "post_attention_layernorm"), liger.SWIGLU),
+    ("gemma", ("input_layernorm", "post_attention_layernorm"), liger.GEGLU),
+    ("gemma2", ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm"), liger.GEGLU),
+    ("phi3", ("input_layernorm", "post_attention_layernorm"), liger.PHI3_SWIGLU),
+])
+def test_hand_checked_supported_types(model_type, norms, mlp):
+    """Read by hand from monkey_patch.py (llama :259-323, mistral :723-784, qwen2 :1750-1814, gemma :1073-1139,
+    gemma2 :1142-1213, phi3 :2371-2432): all patch RoPE, their RMSNorms and MLP and the loss with FLCE."""
+    patches = liger.patches_for(transformers.AutoConfig.for_model(model_type), "causal-lm")
+    assert patches.rope and patches.loss == liger.FLCE and not patches.unmodelled
+    assert patches.norms.layer == norms and patches.mlp == mlp
+    gemma = model_type.startswith("gemma")
+    assert (patches.norms.casting_mode, patches.norms.offset) == (("gemma", 1.0) if gemma else ("llama", 0.0))
+    assert patches.norms.in_place == (model_type != "gemma2")  # gemma2's residual needs dY (ops/rms_norm.py:646-648)
+    assert patches.trainer_config() is None
+    assert liger.applies(transformers.AutoConfig.for_model(model_type), lookup_gpu("A100-80GB"),
+                         check_installed=False) is None
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "gpt2", "bert", "gpt_neox", "opt", "phi"])
+def test_unsupported_types_are_a_no_op(model_type):
+    config = transformers.AutoConfig.for_model(model_type)
+    assert liger.patches_for(config, "causal-lm") is None
+    assert "has no patches for model type" in liger.applies(config, check_installed=False)
+
+
+def test_a_type_whose_layout_is_not_read_keeps_hf_norms_and_mlp():
+    """deepseek_v3 is supported (monkey_patch.py:3655) but its instance layout is not in LAYOUTS: the fused loss is
+    modelled, its norms and MLP are traced as HF's, and `unmodelled` says so."""
+    patches = liger.patches_for(transformers.AutoConfig.for_model("deepseek_v3"), "causal-lm")
+    assert patches.loss == liger.FLCE and patches.rms_norm and not patches.rope
+    assert patches.norms is None and patches.mlp == liger.SWIGLU and patches.modelled_mlp is None
+    assert any("layout is not read" in why for why in patches.unmodelled)
+
+
+def test_a_classification_head_turns_the_fused_loss_off():
+    """The FLCE patch rebinds `forward` to the causal-LM one whatever the head: the Trainer needs
+    liger_kernel_config={"fused_linear_cross_entropy": False}; norms, MLP and RoPE stay patched."""
+    config = transformers.AutoConfig.for_model("llama")
+    for task in ("seq-cls", "token-cls", "other"):
+        patches = liger.patches_for(config, task)
+        assert patches.loss is None and patches.trainer_config() == {"fused_linear_cross_entropy": False}
+        assert patches.norms is not None and patches.mlp == liger.SWIGLU and patches.rope
+    granite = liger.patches_for(transformers.AutoConfig.for_model("granite"), "seq-cls")
+    assert granite.loss == liger.CROSS_ENTROPY and granite.trainer_config() is None
+    assert any("cross_entropy" in why for why in granite.unmodelled)
+
+
+def test_gpu_rule():
+    llama = transformers.AutoConfig.for_model("llama")
+    for name in ("V100-16GB", "T4-16GB"):
+        assert "Triton" in liger.applies(llama, lookup_gpu(name), check_installed=False)
+    for name in ("A100-80GB", "H100-80GB", "L4-24GB", "MI300X-192GB"):
+        assert liger.applies(llama, lookup_gpu(name), check_installed=False) is None
+
+
+def test_not_installed_is_a_reason(monkeypatch):
+    monkeypatch.setattr(liger.importlib.util, "find_spec", lambda name: None)
+    assert "not installed" in liger.applies(transformers.AutoConfig.for_model("llama"), lookup_gpu("H100-80GB"))
+
+
+@pytest.mark.parametrize("hidden, vocab, chunk, count", [
+    (4096, 128256, 256, 32), (3584, 152064, 256, 32), (3072, 256000, 128, 64), (4096, 32000, 1024, 8),
+    (896, 151936, 64, 128)])
+def test_chunking(hidden, vocab, chunk, count):
+    """The research notes' table at BT = 8192 (Llama-3-8B, Qwen2-7B, Gemma-7B, Mistral-7B, Qwen2.5-0.5B)."""
+    assert liger.flce_chunks(8192, hidden, vocab) == (chunk, count)
+    assert liger.flce_chunks(100, 4096, 128256) == (4, 25)
+    assert liger.flce_chunks(8, 64, 8000) == (1, 8)
+
+
+# --- the fused loss: against a real chunked loss, and against HF's ---------------------------------------------------
+
+class ReferenceFLCE(torch.autograd.Function):
+    """Liger's FLCE in plain torch on real tensors: the same chunks and paths, each chunk's cross-entropy and
+    gradients computed in the forward, only the gradients saved. Its row statistics live in a (chunk, 2) scratch
+    buffer (Liger's kernel keeps them in registers); everything else it allocates is what Liger allocates."""
+
+    @staticmethod
+    def forward(ctx, x, weight, target, safe, valid, cuda):
+        tokens, hidden = x.shape
+        chunk, _ = liger.flce_chunks(tokens, hidden, weight.shape[0])
+        scratch = torch.empty((chunk, 2), dtype=x.dtype)
+        grad_input, grad_weight = torch.zeros_like(x), torch.zeros_like(weight)
+        loss_1d = torch.zeros(tokens, dtype=torch.float32)
+        mask = target != liger.IGNORE_INDEX
+        n = int(mask.sum())
+        storage = torch.empty((chunk, weight.shape[0]), dtype=x.dtype) if cuda else None
+        for start in range(0, tokens, chunk):
+            end = min(start + chunk, tokens)
+            xc, rows = x[start:end], end - start
+            logits = torch.mm(xc, weight.t(), out=storage[:rows]) if cuda else xc @ weight.t()
+            _cross_entropy_in_place(logits, safe[start:end, None], valid[start:end, None], scratch[:rows],
+                                    loss_1d[start:end], n)
+            if cuda:
+                torch.mm(logits, weight, out=grad_input[start:end])
+            else:
+                grad_input[start:end] = logits @ weight
+            if cuda and weight.dtype == torch.bfloat16:
+                torch.addmm(grad_weight, logits.t(), xc, out=grad_weight)
+            else:
+                grad_weight += torch.mm(logits.t(), xc).float()
+        del storage, mask
+        ctx.save_for_backward(grad_input, grad_weight)
+        return loss_1d.sum()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_input, grad_weight = ctx.saved_tensors
+        grad_input.mul_(grad_output)
+        grad_weight.mul_(grad_output)
+        return grad_input, grad_weight, None, None, None, None
+
+
+def _cross_entropy_in_place(logits, safe, valid, scratch, loss, n):
+    """Mean cross-entropy of one chunk into `loss`, its gradient written over the logits, without allocating."""
+    top, total = scratch[:, :1], scratch[:, 1:]
+    torch.amax(logits, dim=1, keepdim=True, out=top)
+    logits.sub_(top).exp_()
+    torch.sum(logits, dim=1, keepdim=True, out=total)
+    logits.div_(total)
+    torch.gather(logits, 1, safe, out=top)
+    loss.copy_(top[:, 0])
+    loss.log_().neg_().mul_(valid[:, 0]).div_(n)
+    logits.scatter_(1, safe, top.sub_(valid))
+    logits.mul_(valid).div_(n)
+
+
+def _peak(step, tensors, cuda_matmuls=False) -> tuple[int, int]:
+    """(forward, whole step) peak bytes above `tensors` of `step`, which returns the loss."""
+    tracker = LiveStorageTracker(cuda_matmuls=cuda_matmuls)
+    with tracker:
+        tracker.track_all(tensors)
+        base = tracker.reset_peak()
+        loss = step()
+        forward = tracker.peak - base
+        loss.backward()
+    return forward, tracker.peak - base
+
+
+def _inputs(dtype, tokens=128, hidden=32, vocab=1000):
+    torch.manual_seed(0)
+    x = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    weight = (0.1 * torch.randn(vocab, hidden, dtype=dtype)).requires_grad_()
+    target = torch.randint(0, vocab, (tokens,))
+    target[::7] = liger.IGNORE_INDEX
+    return x, weight, target
+
+
+def test_reference_is_the_cross_entropy():
+    x, weight, target = _inputs(torch.float32)
+    loss = ReferenceFLCE.apply(x, weight, target, target.clamp(min=0), (target >= 0).float(), False)
+    loss.backward()
+    loss = loss.detach()
+    x2, w2 = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    expected = F.cross_entropy(x2 @ w2.t(), target, ignore_index=liger.IGNORE_INDEX)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-6) and torch.allclose(weight.grad, w2.grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cuda", [False, True])
+def test_stand_in_loss_allocates_what_a_real_chunked_loss_does(dtype, cuda):
+    """The stand-in, traced on fake tensors, against the real reference on the CPU: equal peak bytes in the forward and
+    over the step, but for the reference's (chunk, 2) scratch. cuda=False is the legacy path (a V x H product and its
+    fp32 copy per chunk); cuda=True the persistent logits buffer and, in bf16, the in-place addmm."""
+    x, weight, target = _inputs(dtype)
+    safe, valid = target.clamp(min=0), (target >= 0).to(dtype)
+    real = _peak(lambda: ReferenceFLCE.apply(x, weight, target, safe, valid, cuda), [x, weight, target, safe, valid])
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fx, fw = mode.from_tensor(x.detach()).requires_grad_(), mode.from_tensor(weight.detach()).requires_grad_()
+        ft = mode.from_tensor(target)
+        fake = _peak(lambda: liger.fused_linear_cross_entropy(fx, fw, ft, cuda=cuda), [fx, fw, ft])
+    chunk, _ = liger.flce_chunks(*x.shape, weight.shape[0])
+    scratch = chunk * 2 * x.element_size()
+    assert (real[0] - scratch, real[1] - scratch) == fake
+
+
+@pytest.mark.parametrize("family", ["half", "mixed"])
+def test_stand_in_loss_against_hf_loss_follows_the_formula(family):
+    """lm_head + HF's ForCausalLMLoss against the stand-in, traced under CUDA's autocast rules. HF's forward peak is
+    N·V·(b_c + 8) plus the shifted labels; the stand-in's is C·V·b_c + V·H·b_w + N·H·b_x plus the labels, loss_1d
+    (4·N) and the label mask (N). Under autocast over fp32 weights (mixed) the stand-in also holds autocast's cached
+    bf16 copy of the weight (for `grad_logits @ weight`), a per-chunk bf16 cast of `weight.t()` (a view, which
+    autocast does not cache) and a chunk's bf16 input rows; HF holds the same cached copy and the bf16 input its
+    matmul saves."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    batch, seq, hidden, vocab = 2, 256, 64, 4096
+    n, dtype = batch * seq, torch.bfloat16 if family == "half" else torch.float32
+    chunk, _ = liger.flce_chunks(n, hidden, vocab)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        h = torch.empty(batch, seq, hidden, dtype=dtype).requires_grad_()
+        w = torch.nn.Parameter(torch.empty(vocab, hidden, dtype=dtype))
+        labels = torch.randint(0, vocab, (batch, seq))
+
+        def under_autocast(fn):
+            if family == "half":
+                return fn()
+            with cuda_autocast_rules("bfloat16"), torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn()
+
+        def hf_loss():  # the logits stay referenced while the loss runs, as LlamaForCausalLM.forward holds them
+            logits = under_autocast(lambda: F.linear(h, w))
+            return ForCausalLMLoss(logits, labels, vocab)
+
+        hf = _peak(hf_loss, [h, w, labels])
+        w.grad = h.grad = None
+        ours = _peak(lambda: under_autocast(lambda: liger.causal_lm_loss(h, w, labels)), [h, w, labels])
+    shifted_labels = batch * (seq + 1) * 8 + n * 8
+    b_w = dtype.itemsize
+    assert hf[0] == n * vocab * (2 + 8) + shifted_labels + (n * hidden * 2 + vocab * hidden * 2 if b_w == 4 else 0) + 8
+    expected = chunk * vocab * 2 + vocab * hidden * b_w + n * hidden * b_w + 4 * n + n + shifted_labels
+    if family == "mixed":
+        expected += 2 * vocab * hidden * 2 + chunk * hidden * 2
+    assert ours[0] == expected
+
+
+# --- traced models -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family, b_c", [("fp32", 4), ("mixed", 2), ("half", 2)])
+def test_tiny_llama_per_block_saving_is_the_formula(family, b_c):
+    """What a block keeps to the end of the forward falls by 2 x 4·N·H (its two RMSNorms) + N·I·b_c (SwiGLU), exactly:
+    the per-block slope of the forward's peak between 3 and 4 blocks."""
+    n, hidden, inter = 2 * 64, 64, 160
+    req = request(activations=family)
+    slope = {}
+    for on in (False, True):
+        points = [run_trace(tiny(transformers.LlamaConfig, layers=depth), depth, replace(req, liger=on),
+                            profile=False).forward for depth in (3, 4)]
+        slope[on] = points[1] - points[0]
+    assert slope[False] - slope[True] == 2 * 4 * n * hidden + n * inter * b_c
+
+
+def test_tiny_llama_activations_fall_by_the_formula():
+    """bf16 weights: the activations (the larger of the two phases' peaks) fall to the stand-in's forward peak. The
+    fused loss's saving alone is N·V·10 − (C·V·2 + V·H·2 + N·H·2) − 5·N (its loss_1d and label mask); the blocks' and
+    the final norm's savings add to it; HF's forward peak holds one more 0-d tensor (8 bytes). The baseline's
+    activations are its backward's peak (three fp32 N x V buffers in the loss's backward, against the forward's 10
+    bytes per logit); the stand-ins' are their forward's."""
+    n, hidden, inter, vocab, layers = 2 * 64, 64, 160, 2000, 3
+    config = tiny(transformers.LlamaConfig, layers=layers)
+    off = run_trace(config, layers, request(), profile=False)
+    on = run_trace(config, layers, request(liger=True), profile=False)
+    chunk, _ = liger.flce_chunks(n, hidden, vocab)
+    loss = n * vocab * 10 - (chunk * vocab * 2 + vocab * hidden * 2 + n * hidden * 2) - 5 * n
+    blocks = layers * (2 * 4 * n * hidden + n * inter * 2) + 4 * n * hidden
+    assert on.activations == on.forward < off.forward < off.activations == off.backward
+    assert off.forward - on.forward == pytest.approx(loss + blocks, abs=8)
+
+
+def test_unsupported_model_traces_the_same():
+    """bloom-560m: liger-kernel has no patches for bloom, so `--liger on` changes nothing in the trace."""
+    config = resolve_model("bigscience/bloom-560m").config
+    req = request(micro_batch=1, seq_len=128, attention="eager")
+    assert liger.patches_for(config, "causal-lm") is None
+    assert run_trace(config, 2, replace(req, liger=True)) == run_trace(config, 2, req)
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+def test_checkpointed_steps_trace_with_the_stand_ins(checkpointing):
+    """Qwen2's q/k projections have a bias (addmm, which torch's selective checkpointing caches): the in-place RoPE
+    stand-in must leave autograd's version counters as Liger's Triton kernel does. Recomputation runs the stand-ins
+    too: the checkpointed steps keep less than without Liger."""
+    config = tiny(transformers.Qwen2Config, layers=3)
+    off = run_trace(config, 3, request(checkpointing=checkpointing, activations="mixed"), profile=False)
+    on = run_trace(config, 3, request(checkpointing=checkpointing, activations="mixed", liger=True), profile=False)
+    assert on.activations < off.activations
+
+
+def test_op_profile_counts_the_chunks_as_tokens():
+    """The fused loss's GEMMs run in the forward, one per chunk; the profile holds them as one GEMM per shape over all
+    the chunks' rows, marked as growing with the micro-batch (the chunk count stays put as BT grows; the chunks'
+    rows do not)."""
+    config = tiny(transformers.LlamaConfig, layers=1)
+    profile = run_trace(config, 1, request(liger=True)).profile
+    n, hidden, vocab = 2 * 64, 64, 2000
+    assert liger.flce_chunks(n, hidden, vocab) == (4, 32)
+    gemms = {key: value for key, value in profile["matmuls"].items() if str(vocab) in key.split(",")[:4]}
+    assert gemms == {f"1,{n},{vocab},{hidden},half,forward,0100": 1, f"1,{n},{hidden},{vocab},half,forward,0100": 1,
+                     f"1,{vocab},{hidden},{n},half,forward,0001": 1}
+
+
+def test_torch_compile_capture_runs_the_stand_ins():
+    """planner/program/compiled.py captures the step under AOTAutograd through the stand-ins' Functions: the joint
+    graph saves less for the backward than HF's program does."""
+    from planner.program.compiled import analyse_program
+
+    config = tiny(transformers.LlamaConfig, layers=1)
+    req = request(micro_batch=1, activations="mixed", autocast_device="cpu")
+    off, on = (analyse_program(config, 1, replace(req, liger=flag)) for flag in (False, True))
+    assert on["saved_eager"] < off["saved_eager"] and on["saved_compiled"] < off["saved_compiled"]
