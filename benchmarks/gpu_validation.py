@@ -7,7 +7,8 @@ memory through `planner.estimate_memory` wherever it can express the configurati
 training script under the emitted files (`probes.runner.run_training`: 1 warm-up and 2 measured optimizer steps of 2
 micro-steps, a subprocess per run, as probes run). The edge set runs, for two models, the largest micro-batch the
 plan predicts to fit the card with its default headroom, and records that the next one up is predicted not to. Two
-hooks (Liger-Kernel, packed data) run once `planner.request.PlanRequest` has their fields. A configuration that
+hooks (Liger-Kernel, packed data) run once `planner.request.PlanRequest` has their fields; the packed one is planned
+for a pre-tokenised dataset of skewed lengths written here (`skewed_dataset`). A configuration that
 cannot run (a package or field missing, a failure, the time budget spent) is a record with its reason: the exit code
 is 0 whatever the runs did (2 only without a GPU).
 
@@ -30,12 +31,16 @@ Here, predictions only (no GPU):
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures as cf
 import datetime as dt
 import functools
 import importlib.util
 import json
+import math
 import os
+import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,6 +71,9 @@ GIB = 2**30
 MEMORY_METRIC = "torch.cuda.max_memory_allocated and max_memory_reserved (peak), nvidia-smi process total"
 THROUGHPUT_METRIC = (f"seconds per optimizer step of 2 micro-steps (1 for the edge runs), median of {STEPS} after "
                      f"{WARMUP} warm-up")
+#: The packed hook's dataset (`skewed_dataset`): rows, seed, median and log-normal sigma of the sample lengths, the
+#: lengths' bounds, and the token ids' bound (inside every model's vocabulary here).
+DATA_ROWS, DATA_SEED, DATA_MEDIAN, DATA_SIGMA, DATA_LENGTHS, DATA_VOCAB = 1000, 0, 200, 1.0, (8, 4096), 30_000
 #: (prediction, Measurement field, what was measured) of the memory rows.
 MEMORY_MEASURES = (("peak_allocated", "peak_allocated", "torch.cuda.max_memory_allocated after the warm-up"),
                    ("peak_reserved", "peak_reserved", "torch.cuda.max_memory_reserved after the warm-up"),
@@ -76,7 +84,8 @@ MEMORY_MEASURES = (("peak_allocated", "peak_allocated", "torch.cuda.max_memory_a
 class Case:
     """One configuration to plan pinned and run, and why it is in the list. `extra`: request fields the planner
     may not have yet (a hook); `needs`: modules that must import; `edge`: run the largest micro-batch predicted to
-    fit instead of `micro_batch`."""
+    fit instead of `micro_batch`; `dataset`: planned for `skewed_dataset()` with `seq_len` as its --max-length (the
+    data's lengths, not a pinned --seq-len, set the rows)."""
 
     id: str
     why: str
@@ -96,6 +105,7 @@ class Case:
     grad_accum: int = 2
     limit_s: float = 90.0
     edge: bool = False
+    dataset: bool = False
 
     def label(self) -> str:
         parts = [self.model.split("/")[-1], f"s{self.seq_len}", "mb ?" if self.edge else f"mb {self.micro_batch}",
@@ -104,6 +114,7 @@ class Case:
         parts += [self.task] if self.task else []
         parts += [f"ZeRO-{self.zero_stage} offload {self.offload}"] if self.zero_stage else []
         parts += ["compiled"] if self.compile else []
+        parts += ["skewed pre-tokenised data"] if self.dataset else []
         return ", ".join(parts + [f"{k}={v}" for k, v in self.extra])
 
 
@@ -145,15 +156,16 @@ ITEMS: tuple[Case, ...] = (
     Case("gpt2-zero2-offload", "DeepSpeed ZeRO-2 with the optimizer on the CPU, on one GPU", GPT2, 1024, 8,
          zero_stage=2, offload="optimizer", needs=("deepspeed",), limit_s=300.0),
     Case("hook-liger", "Liger-Kernel (use_liger_kernel): fused kernels and the chunked cross-entropy", LLAMA, 2048, 2,
-         extra=(("liger", True),), needs=("liger_kernel",)),
-    Case("hook-packed", "a packed dataset: rows filled to the sequence length", QWEN, 1024, 2,
-         extra=(("padding", "packing"),)),
+         extra=(("liger", "on"),), needs=("liger_kernel",)),
+    Case("hook-packed", "a packed dataset: pre-tokenised samples of skewed lengths packed into rows filled to "
+         "--max-length, run as the shipped script runs any plan (full rows, one causal sequence each)", QWEN, 1024, 2,
+         extra=(("padding", "packing"),), dataset=True),
 )
 
 
 # --- predictions -------------------------------------------------------------------------------------------------
-def pinned_plan(name: str, seq: int, precision: str, ckpt: str, mb: int, gpu_name: str, batch: int | None = None,
-                compile: str = "off", **fields):
+def pinned_plan(name: str, seq: int | None, precision: str, ckpt: str, mb: int, gpu_name: str,
+                batch: int | None = None, compile: str = "off", **fields):
     """The plan of one pinned single-GPU configuration (global batch `batch`, by default two micro-batches; no
     sharding unless `fields` say): what this benchmark runs, and what gpu_profile_step.py, probe_calibration.py and
     gpu_measured.py re-plan."""
@@ -169,14 +181,38 @@ def plan_of(case: Case, gpu: str):
     fields = {"zero_stage": case.zero_stage, "offload": case.offload, **dict(case.extra)}
     fields.update({"peft": case.peft} if case.peft != "none" else {})
     fields.update({"task": case.task, "num_labels": case.num_labels} if case.task else {})
-    return pinned_plan(case.model, case.seq_len, case.precision, case.checkpointing, case.micro_batch, gpu,
+    seq = case.seq_len
+    if case.dataset:  # the data's lengths set the sequence: its --max-length instead of --seq-len
+        fields.update(dataset=str(skewed_dataset()), max_length=case.seq_len)
+        seq = None
+    return pinned_plan(case.model, seq, case.precision, case.checkpointing, case.micro_batch, gpu,
                        batch=case.micro_batch * case.grad_accum, compile="on" if case.compile else "off", **fields)
+
+
+@functools.cache
+def skewed_dataset() -> Path:
+    """The packed hook's data, written once per process into a temporary folder (removed at exit): DATA_ROWS rows of
+    JSON lines, each an `input_ids` list (pre-tokenised, as TRL's SFTTrainer and the Trainer take it, so planning needs
+    no tokenizer) of random ids below DATA_VOCAB, its length log-normal around DATA_MEDIAN tokens within DATA_LENGTHS
+    (a long tail past --max-length); seeded, so every run writes the same bytes (and the planner's cache knows them).
+    Only the plan reads it: the training runs synthetic full rows of the plan's length, as for every case."""
+    rng = random.Random(DATA_SEED)
+    low, high = DATA_LENGTHS
+    folder = Path(tempfile.mkdtemp(prefix="gpu-validation-data-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "skewed-pretokenised.jsonl"
+    with path.open("w") as handle:
+        for _ in range(DATA_ROWS):
+            length = min(high, max(low, round(rng.lognormvariate(math.log(DATA_MEDIAN), DATA_SIGMA))))
+            handle.write(json.dumps({"input_ids": [rng.randrange(DATA_VOCAB) for _ in range(length)]}) + "\n")
+    return path
 
 
 def predicted_memory(case: Case, gpu: str):
     """The case's predicted memory and where it came from: `planner.estimate_memory` at exactly this configuration,
-    or the pinned plan's own estimate where estimate_memory has no input for it (torch.compile, a hook's field)."""
-    if case.compile or case.extra:
+    or the pinned plan's own estimate where estimate_memory has no input for it (torch.compile, a hook's field, a
+    dataset)."""
+    if case.compile or case.extra or case.dataset:
         return plan_of(case, gpu).choice.memory, "plan"
     from planner import Adapter, estimate_memory
 
@@ -200,6 +236,9 @@ def predict(case: Case, gpu: str) -> tuple:
                  "budget": draft.hardware.budget_bytes, "step_time_s": speed.step_time_s,
                  "tokens_per_s": speed.tokens_per_s, "compile_once_s": speed.parts.compile_once,
                  "config": cand.config.label(), "precision_family": cand.config.precision_family()}
+    if draft.dataset is not None:  # what the plan read of the data, and the rows it planned (and the script runs)
+        predicted.update(seq_len=draft.seq_len, padding=cand.config.padding,
+                         dataset=draft.dataset.model_dump(mode="json"))
     return draft, predicted, sorted(used)
 
 

@@ -1,9 +1,13 @@
 """A user's dataset as token lengths, and the padding arithmetic the planner runs on them.
 
 `load_lengths` reads a dataset (JSON lines, JSON, CSV, Parquet, a `Dataset.save_to_disk` folder, or a hub dataset
-already in the local cache), tokenises its text and keeps only a histogram of lengths: sets over `max_rows` rows are
-sampled (seeded) and their totals scaled. The histogram is cached (planner.cache kind "datasets") under a key made of
-the data's bytes, the tokenizer, the text field and `max_rows`, so planning the same data again does not tokenise.
+already in the local cache) and keeps only a histogram of its samples' token lengths. A sample is a chat (a
+`messages` column, rendered with the tokenizer's chat template), text (a `text` column, or the one `text_field`
+names), or already token ids: an `input_ids` column of lists of ints, as the HF Trainer and TRL's SFTTrainer take
+them, read when no other `text_field` is named; their lengths are the lists' lengths and no tokenizer is loaded (a
+CSV cell holds no list). Sets over `max_rows` rows are sampled (seeded) and their totals scaled. The histogram is
+cached (planner.cache kind "datasets") under a key made of the data's bytes, the tokenizer (none for token ids), the
+text field and `max_rows`, so planning the same data again does not tokenise.
 
 The functions after `DatasetLengths` turn a histogram (clipped to the run's max length by the caller) into the tokens
 a micro-batch costs under each batching strategy of `PADDING`, each modelling the library code it names. They are
@@ -36,7 +40,7 @@ from planner.vocab import GROUPED, LONGEST, PACKING, PADDING, PADDING_FREE, Padd
 
 #: Sorted (length, count) pairs: how many samples have each token length.
 Histogram = tuple[tuple[int, int], ...]
-#: `progress(done, total)`: rows tokenised so far, rows to tokenise.
+#: `progress(done, total)`: rows tokenised (or their token ids counted) so far, rows to read.
 Progress = Callable[[int, int], None]
 
 CACHE_KIND = "datasets"
@@ -47,6 +51,7 @@ SIMULATED_SAMPLES = 20_000   # samples the group_by_length simulation runs over 
 FILE_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 DATA_EXTRA = 'pip install "trainplan[data]"'
 DATASET_FLAG, FIELD_FLAG, TOKENIZER_FLAG = "--dataset", "--text-field", "--tokenizer"
+TOKEN_IDS = "input_ids"      # the column of a pre-tokenised dataset: each row's token ids, counted as they are
 
 
 @dataclass(frozen=True)
@@ -494,6 +499,10 @@ def _open_table(location: Any) -> _Table:
 
 def _load_tokenizer(tokenizer: Any) -> Any:
     """A fast tokenizer: the one given, or one loaded from a folder or the local hub cache (never downloaded)."""
+    if tokenizer is None:
+        raise InputError("the dataset's text must be tokenised and no tokenizer was given", flag=TOKENIZER_FLAG,
+                         hint="pass a tokenizer folder or cached hub id, or pre-tokenised data: an "
+                              f"{TOKEN_IDS!r} column of token-id lists, read when --text-field names no other column")
     if isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
@@ -576,6 +585,31 @@ def _tokenize(tokenizer: Any, table: _Table, column: str, rows: list[int], progr
     return lengths
 
 
+def _not_ids(value: Any) -> str | None:
+    """What `value` is where it is not a list of token ids (ints; a bool is not one), else None."""
+    if not isinstance(value, list):
+        return "empty" if value is None else f"a {type(value).__name__}"
+    if set(map(type, value)) <= {int}:
+        return None
+    return f"a list holding a {next(type(token).__name__ for token in value if type(token) is not int)}"
+
+
+def _count_ids(table: _Table, column: str, rows: list[int], progress: Progress | None) -> Counter:
+    """Lengths of the rows' token-id lists (a pre-tokenised dataset), TOKENIZE_BATCH rows per read."""
+    lengths: Counter[int] = Counter()
+    for start in range(0, len(rows), TOKENIZE_BATCH):
+        batch = rows[start:start + TOKENIZE_BATCH]
+        for value, row in zip(table.read(column, batch), batch):
+            what = _not_ids(value)
+            if what is not None:
+                raise _dataset_error(f"row {row + 1}: {column!r} is {what}, not a list of token ids (ints)",
+                                     "fix or drop that row, or name the text column to tokenise with --text-field")
+            lengths[len(value)] += 1
+        if progress is not None:
+            progress(start + len(batch), len(rows))
+    return lengths
+
+
 def _sample_rows(total: int, max_rows: int) -> list[int]:
     """Every row, or a seeded random `max_rows` of them, in file order."""
     if total <= max_rows:
@@ -593,26 +627,40 @@ def _cached(key: str) -> DatasetLengths | None:
     return lengths if histogram and lengths.sampled_rows > 0 else None
 
 
-def load_lengths(source: str | os.PathLike, *, tokenizer: Any, text_field: str | None = None,
+def _cache_key(data: str, tokenizer: str | None, text_field: str | None, max_rows: int) -> str:
+    """The cache key: token ids (tokenizer None) and text (a tokenizer's hex digest) never share one."""
+    return hashlib.sha256(json.dumps([CACHE_VERSION, data, tokenizer, text_field, max_rows]).encode()).hexdigest()
+
+
+def load_lengths(source: str | os.PathLike, *, tokenizer: Any = None, text_field: str | None = None,
                  max_rows: int = 20_000, progress: Progress | None = None) -> DatasetLengths:
     """Token lengths of a dataset's samples (see the module docstring for the formats, sampling and cache).
 
-    `tokenizer` is a loaded fast tokenizer, or a folder or hub id loaded offline. Raises InputError for data or a
-    tokenizer that cannot be read, and for a dataset without rows or without a text column."""
+    `tokenizer` is a loaded fast tokenizer, or a folder or hub id loaded offline; it is loaded only for data that is
+    not token ids already, and may be None otherwise. Raises InputError for data or a tokenizer that cannot be read,
+    and for a dataset without rows, without a text column, or with a row whose `input_ids` are not a list of ints."""
     if max_rows < 1:
         raise InputError(f"max_rows must be at least 1, got {max_rows}", flag="--max-rows")
-    tokenizer = _load_tokenizer(tokenizer)
     location = _locate(source)
-    key = hashlib.sha256(json.dumps([CACHE_VERSION, _data_digest(location), _tokenizer_digest(tokenizer),
-                                     text_field, max_rows]).encode()).hexdigest()
+    data = _data_digest(location)
+    table = _open_table(location) if text_field is None else None  # its columns: are the samples token ids?
+    if text_field == TOKEN_IDS or (table is not None and TOKEN_IDS in table.columns):
+        tokenizer, key = None, _cache_key(data, None, TOKEN_IDS, max_rows)
+    else:
+        tokenizer = _load_tokenizer(tokenizer)
+        key = _cache_key(data, _tokenizer_digest(tokenizer), text_field, max_rows)
     hit = _cached(key)
     if hit is not None:
         return hit
-    table = _open_table(location)
+    if table is None:
+        table = _open_table(location)
     if table.rows == 0:
         raise _dataset_error(f"{source} has no rows", "point --dataset at a file with one sample per row")
     rows = _sample_rows(table.rows, max_rows)
-    counts = _tokenize(tokenizer, table, _text_column(table, text_field), rows, progress)
+    if tokenizer is None:
+        counts = _count_ids(table, _text_column(table, TOKEN_IDS), rows, progress)
+    else:
+        counts = _tokenize(tokenizer, table, _text_column(table, text_field), rows, progress)
     lengths = DatasetLengths(tuple(sorted(counts.items())), table.rows, len(rows))
     store_json(CACHE_KIND, key, {"histogram": [list(pair) for pair in lengths.histogram],
                                  "total_rows": lengths.total_rows, "sampled_rows": lengths.sampled_rows})

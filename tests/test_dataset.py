@@ -301,6 +301,103 @@ def test_folders_without_datasets_say_how_to_install_it(tmp_path, tok, monkeypat
     assert 'pip install "trainplan[data]"' in error.hint
 
 
+# ---- pre-tokenised data ---------------------------------------------------------------------------------------------
+
+#: SKEWED_ROWS already tokenised by the word-level tokenizer (<s> w0..w9 </s> are ids 2, 4..13, 3), in file order
+ID_ROWS = [{"id": row["id"], "input_ids": [2, *(4 + int(word[1:]) for word in row["text"].split()), 3]}
+           for row in SKEWED_ROWS]
+BOTH_ROWS = [{**row, "input_ids": [7] * 3} for row in SKEWED_ROWS]  # text, and ids of another length (3)
+
+
+def no_tokenizer(monkeypatch):
+    """Fail the test if a tokenizer is loaded."""
+    def refuse(tokenizer):
+        raise AssertionError(f"a tokenizer was loaded: {tokenizer!r}")
+
+    monkeypatch.setattr(ds, "_load_tokenizer", refuse)
+
+
+@pytest.mark.parametrize("name", [name for name in WRITERS if name != "data.csv"])  # a CSV cell holds no list
+def test_input_ids_are_counted_without_a_tokenizer(tmp_path, name, monkeypatch):
+    source = WRITERS[name](tmp_path / name, ID_ROWS)
+    no_tokenizer(monkeypatch)
+    for tokenizer in (None, "no-such-org/no-such-tokenizer"):  # not loaded, so not looked for
+        monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path / f"cache-{tokenizer}"))
+        lengths = ds.load_lengths(source, tokenizer=tokenizer)
+        assert lengths.histogram == SKEWED
+        assert (lengths.total_rows, lengths.sampled_rows, lengths.cached) == (100, 100, False)
+
+
+def test_input_ids_are_counted_even_beside_a_text_column(tmp_path):
+    lengths = ds.load_lengths(write_jsonl(tmp_path / "d.jsonl", BOTH_ROWS), tokenizer=None)
+    assert lengths.histogram == ((3, 100),)
+    assert ds.load_lengths(tmp_path / "d.jsonl", text_field="input_ids").histogram == ((3, 100),)
+
+
+def test_a_text_field_still_tokenises(tmp_path, tok):
+    source = write_jsonl(tmp_path / "d.jsonl", BOTH_ROWS)
+    assert ds.load_lengths(source, tokenizer=tok, text_field="text").histogram == SKEWED
+    raises_input_error("--tokenizer", "no tokenizer", source=source, tokenizer=None, text_field="text")
+    raises_input_error("--tokenizer", "no tokenizer", source=write_jsonl(tmp_path / "t.jsonl", SKEWED_ROWS),
+                       tokenizer=None)
+
+
+def test_input_ids_are_sampled_and_reported_as_text_is(tmp_path, tok, monkeypatch):
+    ids = write_jsonl(tmp_path / "ids.jsonl", ID_ROWS)
+    text = write_jsonl(tmp_path / "text.jsonl", SKEWED_ROWS)
+    sampled = ds.load_lengths(ids, max_rows=40)
+    assert (sampled.total_rows, sampled.sampled_rows) == (100, 40)
+    assert sampled.histogram == ds.load_lengths(text, tokenizer=tok, max_rows=40).histogram  # the same 40 rows
+    monkeypatch.setattr(ds, "TOKENIZE_BATCH", 30)
+    calls = []
+    ds.load_lengths(ids, max_rows=99, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(30, 99), (60, 99), (90, 99), (99, 99)]
+
+
+def test_input_ids_are_cached_apart_from_the_text(tmp_path, tok, monkeypatch):
+    source = write_jsonl(tmp_path / "d.jsonl", BOTH_ROWS)
+    first = ds.load_lengths(source)
+    text = ds.load_lengths(source, tokenizer=tok, text_field="text")  # same bytes, tokenised: its own entry
+    assert (first.cached, text.cached, text.histogram) == (False, False, SKEWED)
+    monkeypatch.setattr(ds, "_count_ids", lambda *a, **k: pytest.fail("counted again"))
+    no_tokenizer(monkeypatch)
+    for again in (ds.load_lengths(source), ds.load_lengths(source, text_field="input_ids")):
+        assert (again.cached, again.histogram, again.total_rows) == (True, ((3, 100),), 100)
+
+
+@pytest.mark.parametrize(("value", "what"), [("1 2 3", "a str"), (None, "empty"), ([1, "2"], "a list holding a str"),
+                                             ([1, True], "a list holding a bool"), ([[1, 2]], "a list holding a list"),
+                                             ({"ids": [1]}, "a dict")])
+def test_input_ids_that_are_not_a_list_of_ints_name_their_row(tmp_path, value, what):
+    source = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2]}, {"input_ids": value}])
+    error = raises_input_error("--dataset", "row 2", "'input_ids'", what, "not a list of token ids", source=source)
+    assert "--text-field" in error.hint
+
+
+def test_input_ids_in_a_csv_and_a_missing_input_ids_column(tmp_path):
+    source = write_csv(tmp_path / "d.csv", [{"input_ids": "[1, 2, 3]"}])
+    raises_input_error("--dataset", "row 1", "a str", source=source)
+    raises_input_error("--text-field", "'input_ids'", "text", source=write_jsonl(tmp_path / "d.jsonl", SKEWED_ROWS),
+                       text_field="input_ids")
+
+
+def test_a_plan_with_input_ids_needs_no_tokenizer(tmp_path, monkeypatch):
+    """The preset Qwen/Qwen2.5-0.5B resolves offline, its tokenizer is not here: text cannot be planned for, token
+    ids can (and the planner does not look for the tokenizer)."""
+    from planner import plan
+
+    model = "Qwen/Qwen2.5-0.5B"
+    text = write_jsonl(tmp_path / "text.jsonl", SKEWED_ROWS)
+    with pytest.raises(InputError) as caught:  # the tokenizer the planner names for this model is not cached here
+        plan(model, 16, gpu="A100-80GB", dataset=str(text), padding="packing", max_length=128, detect=False)
+    assert caught.value.flag == "--tokenizer" and model in caught.value.message
+    no_tokenizer(monkeypatch)
+    p = plan(model, 16, gpu="A100-80GB", dataset=str(write_jsonl(tmp_path / "ids.jsonl", ID_ROWS)), padding="packing",
+             max_length=128, detect=False)
+    assert (p.dataset.samples, p.dataset.tokens, p.dataset.max, p.dataset.truncated) == (100, 950, 202, 1)
+    assert p.choice.config.padding == "packing" and p.seq_len == p.dataset.row_length == 128
+
+
 # ---- statistics -----------------------------------------------------------------------------------------------------
 
 def test_statistics_on_a_hand_worked_histogram():

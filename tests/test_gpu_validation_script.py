@@ -16,7 +16,9 @@ import pytest
 from benchmarks import evidence
 from benchmarks import gpu_validation as gv
 from planner import facts
+from planner.dataset import load_lengths
 from planner.types import Measurement
+from probes.runner import probe_files
 
 SCRIPT = Path(gv.__file__)
 GPU = "H100-80GB"
@@ -57,6 +59,10 @@ def test_dry_run_writes_a_line_per_configuration_and_evidence_files(tmp_path):
     assert configs["bert-seqcls-bf16"]["config"]["task"] == "seq-cls"
     for name in HOOKS:  # skipped, with the reason, until the planner has the field (then planned like the rest)
         assert configs[name]["status"] != "skipped" or configs[name]["reason"]
+    packed = configs["hook-packed"]  # planned for its generated data, offline, without the model's tokenizer
+    assert packed["status"] == "dry-run" and packed["predicted"]["memory_from"] == "plan", packed["reason"]
+    assert packed["predicted"]["padding"] == "packing" and packed["predicted"]["seq_len"] == 1024
+    assert packed["predicted"]["dataset"]["samples"] == gv.DATA_ROWS
     assert [c["id"] for c in whole["configs"]] == [line["id"] for line in lines[1:]]
     for kind, result in found.items():
         assert result["format"] == evidence.FORMAT and result["kind"] == kind and result["rows"] == []
@@ -84,6 +90,38 @@ def test_a_measured_configuration_gives_evidence_rows_keyed_as_trainplan_results
     assert len(found["memory"]["rows"]) == 3 and len(found["throughput"]["rows"]) == 1
     assert found["memory"]["rows"][0]["source_key"] == "trainplan:gpu_validation-H100-80GB"
     assert whole["summary"]["memory"]["rows"] == 3
+
+
+def test_the_packed_hook_data_is_seeded_skewed_and_pretokenised():
+    path = gv.skewed_dataset()
+    assert path.read_bytes() == gv.skewed_dataset.__wrapped__().read_bytes()  # seeded: the same bytes every run
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == gv.DATA_ROWS and all(set(row) == {"input_ids"} for row in rows)
+    assert all(type(i) is int and 0 <= i < gv.DATA_VOCAB for row in rows for i in row["input_ids"])
+    lengths = load_lengths(path, tokenizer=None)  # token ids: no tokenizer
+    case = next(c for c in gv.ITEMS if c.id == "hook-packed")
+    low, high = gv.DATA_LENGTHS
+    assert low <= lengths.histogram[0][0] and lengths.max <= high
+    assert lengths.percentile(50) * 3 < case.seq_len < lengths.max  # skewed: short samples, a tail past the rows
+    assert lengths.mean > lengths.percentile(50)
+
+
+def test_the_packed_hook_runs_the_rows_its_plan_predicts():
+    """The shipped script trains synthetic full rows of plan.json's seq_len (probes/train.py SyntheticBatches: no
+    position_ids, one causal sequence per row). A packed plan's rows are --max-length long and its memory and time
+    are those of full rows (planner/program/trace.py answers transformers that no row is packed): the same numbers
+    and files as its unpacked twin at that length. If the planner ever models samples kept apart in a row, this
+    fails, and the script has to run such rows for the hook to measure them."""
+    case = next(c for c in gv.ITEMS if c.id == "hook-packed")
+    packed = gv.plan_of(case, GPU)
+    assert packed.choice.config.padding == "packing" and packed.choice.config.micro_batch == case.micro_batch
+    assert packed.seq_len == packed.dataset.row_length == case.seq_len and packed.dataset.truncated > 0
+    files = probe_files(packed, packed.choice.config)
+    assert json.loads(files["plan.json"])["model"]["seq_len"] == case.seq_len
+    twin = gv.plan_of(gv.Case("twin", "unpacked", case.model, case.seq_len, case.micro_batch), GPU)
+    assert packed.choice.memory == twin.choice.memory
+    assert packed.choice.throughput.step_time_s == twin.choice.throughput.step_time_s
+    assert files["training_args.json"] == probe_files(twin, twin.choice.config)["training_args.json"]
 
 
 def test_edge_search_finds_the_largest_micro_batch_predicted_to_fit(monkeypatch):
