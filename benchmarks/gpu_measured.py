@@ -2,87 +2,153 @@
 
 Rows come from benchmarks/data/gpu_measured_h100.json (copied from the committed gpu_validation results, each with
 its source file and command). Each row's configuration is planned pinned, exactly as gpu_validation.py planned it on
-the GPU, and the prediction is compared with the measurement: peak allocated, peak reserved, process memory (NVML)
-and tokens/s. Nothing in the planner is fitted to these rows: they are out-of-sample for every constant except
-where a results file is cited as a constant's source (efficiency.json names those).
+the GPU (`plan`, the HF Trainer's program through trainplan's files), and the plan's predictions are compared with
+the measurements: peak allocated, peak reserved and process memory (NVML) as memory rows, the optimizer step's time
+(its micro-steps at the planned accumulation plus the optimizer step) as throughput rows. Several facts were fitted
+to these rows (the workspace placement, the BLAS threads, the CUDA modules' bytes, the misaligned-GEMM fractions:
+their `fitted_to` names this file and the gpu_validation results), so which rows are in-sample is computed
+(benchmarks/evidence.py), never assumed.
 
-Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_measured.py [--out benchmarks/results/gpu_measured.json]
+A step the plan predicts not to fit although it ran is a wrong verdict, an error of its own kind: it is counted
+and named (the results' "wrong_verdicts" and their metric text), and its memory rows still carry the plan's
+estimate of that very configuration (the candidate the no-fit answer carries), so no median leaves it out. It has no
+throughput row when the plan gives no time for a configuration it rejects.
+
+Written with benchmarks/evidence.py (`python -m benchmarks.report` reads them):
+  benchmarks/results/gpu_measured-H100-80GB.json              kind "memory"
+  benchmarks/results/gpu_measured-throughput-H100-80GB.json   kind "throughput"
+
+Run:  HF_HUB_OFFLINE=1 python benchmarks/gpu_measured.py
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from planner.errors import NoFitError
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
+    sys.path.insert(0, str(ROOT))
 
-DATA = Path(__file__).resolve().parent / "data" / "gpu_measured_h100.json"
-MEMORY = (("peak_allocated", "peak_allocated"), ("peak_reserved", "peak_reserved"),
-          ("peak_process", "process_memory"))
+from benchmarks import evidence  # noqa: E402
+from benchmarks.gpu_validation import pinned_plan  # noqa: E402
+from planner.errors import NoFitError  # noqa: E402
+
+DATA_FILE = "gpu_measured_h100.json"
+DATA = Path(__file__).resolve().parent / "data" / DATA_FILE
+#: the plan's program, as evidence rows name it (planner/planning.py `PROGRAM`)
+PROGRAM = "trainer"
+#: (prediction, measurement field, what was measured)
+MEMORY = (("peak_allocated", "peak_allocated", "torch.cuda.max_memory_allocated"),
+          ("peak_reserved", "peak_reserved", "torch.cuda.max_memory_reserved"),
+          ("peak_process", "process_memory", "NVML per-process memory (what nvidia-smi shows)"))
+COMMAND = "HF_HUB_OFFLINE=1 python benchmarks/gpu_measured.py"
+STACK = ("`planner.plan` pinned to each measured configuration (as gpu_validation.py planned it), offline; measured: "
+         "the HF Trainer through trainplan's emitted files on a lent NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, "
+         "transformers 5.23, driver 580), 3 micro-steps after warm-up")
+CANNOT_SHOW = ("other GPUs or several GPUs, long runs (a few steps: no fragmentation over hours), real data "
+               "(synthetic full-length batches), models beyond GPT-2, BLOOM-560m, Llama-3.2-1B and BERT-large; "
+               "out-of-sample accuracy where a fact fitted to these rows is read")
 
 
-def measured_tokens_per_s(row: dict) -> float:
-    """The row's measured micro-step and optimizer-step times at the planned accumulation."""
-    steps = row["batch"] // row["micro_batch"]
-    return row["batch"] * row["seq_len"] / (steps * row["micro_step_s"] + row["optimizer_step_s"])
+def row_id(row: dict) -> str:
+    return (f"{row['model'].split('/')[-1]}-s{row['seq_len']}-b{row['batch']}-{row['precision']}-"
+            f"{row['checkpointing']}-mb{row['micro_batch']}")
 
 
-def predict(row: dict, gpu: str) -> dict:
-    from gpu_validation import pinned_plan
-
-    draft = pinned_plan(row["model"], row["seq_len"], row["precision"], row["checkpointing"], row["micro_batch"],
-                        gpu, batch=row["batch"])
-    est, speed = draft.choice.memory, draft.choice.throughput
-    out = {"method": est.method, "tokens_per_s": speed.tokens_per_s}
-    for ours, _ in MEMORY:
-        out[ours] = getattr(est, ours)
-    return out
+def measured_step_s(row: dict) -> float:
+    """The row's measured optimizer step: its micro-steps at the planned accumulation and the optimizer step."""
+    return row["batch"] // row["micro_batch"] * row["micro_step_s"] + row["optimizer_step_s"]
 
 
-def summary(errors: list[float]) -> dict:
-    if not errors:
-        return {}
-    return {"median_abs": statistics.median(abs(e) for e in errors), "worst": max(errors, key=abs),
-            "under_predicted": sum(e < 0 for e in errors), "rows": len(errors)}
+def planned(row: dict, gpu: str):
+    """The pinned plan's choice, and whether the plan rejects the configuration (its choice is then the rejected
+    candidate, with its estimate)."""
+    try:
+        draft = pinned_plan(row["model"], row["seq_len"], row["precision"], row["checkpointing"], row["micro_batch"],
+                            gpu, batch=row["batch"])
+        return draft.choice, False
+    except NoFitError as err:
+        return err.plan.choice, True
+
+
+def evidence_rows(row: dict, gpu: str) -> tuple[list[evidence.Row], list[evidence.Row], dict | None]:
+    """The step's memory rows and throughput row, and its wrong verdict (None where the plan says it fits)."""
+    rid = row_id(row)
+    choice, rejected = planned(row, gpu)  # once outside the recording: the rows below share its caches
+    group = {"program": PROGRAM, "gpu": gpu, "precision": choice.config.precision_family()}
+    common = {"data_file": DATA_FILE, "source": row["source"], "group": group}
+    verdict, suffix = None, ""
+    if rejected:
+        margin = choice.memory.margin if choice.memory else 0
+        verdict = {"id": rid, "verdict": choice.reason, "predicted_peak": choice.verdict.peak,
+                   "error_margin": margin, "budget": choice.verdict.budget,
+                   "measured_process": row["process_memory"]}
+        suffix = (f"; the plan says it does not fit ({choice.reason}; {margin / 2**30:.1f} GiB of that peak is the "
+                  f"error margin), but it ran")
+    memory = [evidence.predicted_row(id=f"{rid}/{ours}", measured=row[theirs], note=what + suffix,
+                                     predict=lambda ours=ours: getattr(planned(row, gpu)[0].memory, ours), **common)
+              for ours, theirs, what in MEMORY if choice.memory is not None]
+    speed = []
+    if choice.throughput is not None:
+        speed.append(evidence.predicted_row(
+            id=f"{rid}/step_time_s", measured=measured_step_s(row), predict=lambda: planned(row, gpu)[0].throughput
+            .step_time_s, note=f"{row['batch'] // row['micro_batch']} micro-steps of {row['micro_batch']}" + suffix,
+            **common))
+    return memory, speed, verdict
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the rows and the summary as JSON")
+    parser.add_argument("--out", type=Path, default=evidence.RESULTS, help="the results folder")
     args = parser.parse_args()
     data = json.loads(DATA.read_text())
-    rows, errors = [], {name: [] for name in [m for m, _ in MEMORY] + ["tokens_per_s"]}
+    gpu = data["gpu"]
+    memory, speed, verdicts = [], [], []
     for row in data["rows"]:
-        result = {k: row[k] for k in ("model", "seq_len", "precision", "checkpointing", "micro_batch", "batch")}
-        label = f"{row['model']:<32} {row['precision']:<10} {row['checkpointing']:<9} mb {row['micro_batch']:>2}"
-        try:
-            got = predict(row, data["gpu"])
-        except NoFitError as err:  # predicted not to fit although it ran: the worst kind of over-prediction
-            rows.append({**result, "predicted": "no fit", "reason": str(err).splitlines()[0]})
-            print(f"{label}  predicted not to fit", flush=True)
-            continue
-        result["method"] = got["method"]
-        for ours, theirs in MEMORY:
-            error = got[ours] / row[theirs] - 1
-            errors[ours].append(error)
-            result[f"{ours}_error"] = error
-        measured = measured_tokens_per_s(row)
-        result.update(predicted_tokens_per_s=got["tokens_per_s"], measured_tokens_per_s=measured,
-                      tokens_per_s_error=got["tokens_per_s"] / measured - 1)
-        errors["tokens_per_s"].append(result["tokens_per_s_error"])
-        rows.append(result)
-        print(f"{label}  alloc {result['peak_allocated_error']:+7.1%}  reserved {result['peak_reserved_error']:+7.1%}  "
-              f"process {result['peak_process_error']:+7.1%}  tok/s {result['tokens_per_s_error']:+7.1%}",
-              flush=True)
-    report = {"gpu": data["gpu"], "summary": {k: summary(v) for k, v in errors.items()}, "rows": rows}
-    for name, s in report["summary"].items():
-        print(f"{name:<15} median |error| {s['median_abs']:.1%}  worst {s['worst']:+.1%}  "
-              f"under-predicted {s['under_predicted']}/{s['rows']}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1))
+        mem, step, verdict = evidence_rows(row, gpu)
+        memory += mem
+        speed += step
+        verdicts += [verdict] if verdict else []
+        errors = "  ".join(f"{r.id.split('/')[-1]} {r.error:+7.1%}" for r in mem + step)
+        print(f"{row_id(row):<52} {errors}{'  PREDICTED NOT TO FIT' if verdict else ''}", flush=True)
+    steps = len(data["rows"])
+    wrong = (f"; wrong verdicts: {len(verdicts)} of {steps} steps ran although the plan predicted they would not fit "
+             f"({', '.join(v['id'] + ': ' + v['verdict'] for v in verdicts)}), counted here and kept in the rows with "
+             f"the plan's estimate of that configuration"
+             if verdicts else f"; wrong verdicts: none of {steps} steps")
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for kind, rows, metric, name in (
+            ("memory", memory, "peak memory per step (one row per metric): " + "; ".join(
+                f"{what} against the plan's {ours}" for ours, _, what in MEMORY) + wrong,
+             f"gpu_measured-{gpu}"),
+            ("throughput", speed, "seconds per optimizer step (its micro-steps at the planned accumulation plus the "
+                                  "optimizer step), CUDA-synchronised wall clock, against the plan's step time" + wrong,
+             f"gpu_measured-throughput-{gpu}")):
+        path = evidence.write_results(name, rows, kind=kind, metric=metric, stack=STACK, cannot_show=CANNOT_SHOW,
+                                      command=COMMAND, out=args.out / f"{name}.json")
+        record = json.loads(path.read_text())
+        record["wrong_verdicts"] = {"steps": steps, "predicted_no_fit_but_ran": verdicts}
+        path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        written[kind] = rows
+    for kind, rows in written.items():
+        for label, part in (("all", rows), ("in-sample", [r for r in rows if r.in_sample]),
+                            ("out-of-sample", [r for r in rows if not r.in_sample])):
+            s = evidence.summary(part)
+            if s["rows"]:
+                print(f"{kind} [{label}]: {s['rows']} rows, median |error| {s['median_abs']:.1%}, worst "
+                      f"{s['worst_abs']:.1%}, bias {s['bias']:+.1%}, under {s['under']:.0%}")
+    for metric in [ours for ours, _, _ in MEMORY]:
+        part = [r for r in memory if r.id.endswith("/" + metric)]
+        s = evidence.summary(part)
+        print(f"  {metric:<15} {s['rows']} rows, median |error| {s['median_abs']:.2%}, worst {s['worst_abs']:.1%}, "
+              f"under {s['under']:.0%}")
+    print(f"wrong verdicts: {len(verdicts)} of {steps} steps predicted not to fit although they ran"
+          + "".join(f"\n  {v['id']}: {v['verdict']} (error margin {v['error_margin'] / 2**30:.1f} GiB; measured "
+                    f"process {v['measured_process'] / 2**30:.1f} GiB)" for v in verdicts))
     return 0
 
 

@@ -3,21 +3,29 @@
 Rows come from benchmarks/data/published_peft_memory.json (each with its source, configuration, metric and notes;
 benchmarks/data/peft_SOURCES.md gives the formulas and caveats). For each row the planner predicts the metric the
 row reports (`peak_allocated` for torch.cuda.max_memory_allocated, `peak_reserved` for max_memory_reserved) for the
-row's configuration, with the adapters built by peft on the meta model. Rows are in three groups:
+row's configuration, with the adapters built by peft on the meta model. Rows are of three kinds (a row's note says
+which):
 
-* "planned": the program trainplan plans and `plan.prepare` applies: a 16-bit frozen base (or a 4-bit NF4 one),
-  fp32 adapters, with or without autocast;
-* "other program": HF code running something else: peft's `prepare_model_for_kbit_training` upcasts every
+* the planned program: the program trainplan plans and `plan.prepare` applies: a 16-bit frozen base (or a 4-bit
+  NF4 one), fp32 adapters, with or without autocast;
+* another program: HF code running something else: peft's `prepare_model_for_kbit_training` upcasts every
   unquantised weight of a QLoRA model to fp32 (embeddings, norms, the LM head, and so fp32 logits), which
   `plan.prepare` does not do. Reported, not hidden: their error is the cost of that upcast;
 * skipped, with the reason: other stacks (LitGPT, torchtune, Unsloth kernels), multi-GPU sharding of a 4-bit
   base, capacity claims without a configuration, DoRA and other adapters, rows without a sequence length.
 
-Rows whose notes name the transformers release they ran (fms-acceleration's 4.48.1, PEFT's method comparison's
-5.13.1) are also traced with that release (benchmarks/releases.py; `--no-releases` skips this): 4.48.1's causal-LM
-loss, for one, keeps fp32 copies of the logits the installed release does not.
+Written with benchmarks/evidence.py (`python -m benchmarks.report` reads them):
 
-Run:  HF_HUB_OFFLINE=1 python benchmarks/peft_memory.py [--out benchmarks/results/peft_memory.json]
+* benchmarks/results/peft_memory.json (kind "memory"): every predicted row, with the installed transformers, each
+  row's `group` saying how its run trained ("trainer": fms-acceleration's runs, the HF Trainer through trl's
+  SFTTrainer; "hf-loop": PEFT's method comparison, HF model code in its own loop) and its note saying whether it ran
+  the planned program or another; the skipped rows under "skipped";
+* benchmarks/results/peft_memory-measured-release.json (kind "other", a diagnostic; `--no-releases` skips it): the
+  rows whose notes name the transformers release they ran (fms-acceleration's 4.48.1, PEFT's method comparison's
+  5.13.1) traced with that release (benchmarks/releases.py): 4.48.1's causal-LM loss, for one, keeps fp32 copies of
+  the logits the installed release does not. Not what a plan predicts: a plan traces the installed release.
+
+Run:  HF_HUB_OFFLINE=1 python benchmarks/peft_memory.py [--no-releases]
 """
 
 from __future__ import annotations
@@ -25,14 +33,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 
-from planner import Adapter, estimate_memory
-from releases import traced_with_releases
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
+    sys.path.insert(0, str(ROOT))
 
+from benchmarks import evidence  # noqa: E402
+from planner import Adapter, estimate_memory  # noqa: E402
+from planner.config import Config  # noqa: E402
+
+DATA_FILE = "published_peft_memory.json"
 DATA = Path(__file__).resolve().parent / "data"
+NAME = "peft_memory"
+COMMAND = "HF_HUB_OFFLINE=1 python benchmarks/peft_memory.py"
 GPUS = {"A100-80GB": "A100-80GB", "L40S-48GB": "L40S-48GB"}
 METRICS = {"max_memory_allocated": "peak_allocated", "max_memory_reserved": "peak_reserved"}
 UNITS = {"GB": 1e9, "GiB": 2**30}
@@ -78,107 +93,173 @@ def measured_release(row: dict) -> str | None:
     return found.group(1) if found else None
 
 
-def predict(row: dict) -> dict:
+def upcast(row: dict) -> bool:
+    """The run's peft setup upcast the QLoRA model's unquantised weights to fp32, which `plan.prepare` does not."""
+    return VANILLA_QLORA in row["notes"] or (UPCAST in row["notes"] and "NOT vanilla" not in row["notes"])
+
+
+def program_of(row: dict) -> str:
+    """How the measured run trained (evidence.Row.group): the HF Trainer (trl's SFTTrainer is one), or HF model code
+    in a loop of its own."""
+    return "trainer" if re.search(r"\bHF Trainer\b|SFTTrainer", row["notes"]) else "hf-loop"
+
+
+def plan_inputs(row: dict) -> dict:
     flash = "use_flash_attn=True" in row["notes"]
-    est = estimate_memory(row["model"], micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
-                          precision=row["precision"], optimizer="adamw", checkpointing=row["checkpointing"],
-                          grad_accum=int(row.get("grad_accum") or 1), gpu=GPUS[row["gpu"]],
-                          attention="flash" if flash else "sdpa", adapter=adapter_of(row))
-    measured = float(row["value"]) * UNITS[row["unit"]]
-    predicted = getattr(est, METRICS[row["metric"]])
-    upcast = VANILLA_QLORA in row["notes"] or (UPCAST in row["notes"] and "NOT vanilla" not in row["notes"])
-    return {"id": row["id"], "model": row["model"], "adapter": row["adapter"], "metric": row["metric"],
-            "group": "other program" if upcast else "planned", "measured_gib": measured / 2**30,
-            "predicted_gib": predicted / 2**30, "error": predicted / measured - 1, "source": row["source"],
-            "method": est.method}
+    return {"micro_batch": int(row["micro_batch"]), "seq_len": int(row["seq_len"]), "precision": row["precision"],
+            "optimizer": "adamw", "checkpointing": row["checkpointing"],
+            "grad_accum": int(row.get("grad_accum") or 1), "gpu": GPUS[row["gpu"]],
+            "attention": "flash" if flash else "sdpa"}
 
 
-def add_release_predictions(done: list[dict], rows: dict[str, dict]) -> list[str]:
-    """Each traced row's prediction with its measured release, where that is not the installed one (`release`,
-    `release_predicted_gib`, `release_error`); returns why a release or row could not be traced."""
-    import transformers
+def group_of(row: dict) -> dict:
+    inputs = plan_inputs(row)
+    cfg = Config.of(micro_batch=inputs["micro_batch"], grad_accum=inputs["grad_accum"], world_size=1,
+                    precision=inputs["precision"], checkpointing=inputs["checkpointing"], zero_stage=0,
+                    offload="none")
+    return {"program": program_of(row), "gpu": inputs["gpu"], "precision": cfg.precision_family()}
+
+
+def note_of(row: dict, transformers_version: str | None = None) -> str:
+    parts = [("other program: peft's prepare_model_for_kbit_training upcast the unquantised weights to fp32 "
+              "(embeddings, norms, LM head, so fp32 logits); plan.prepare does not") if upcast(row)
+             else "the planned program (16-bit or NF4 base, fp32 adapters)"]
+    release = measured_release(row)
+    if release:
+        parts.append(f"measured with transformers {release}")
+    if transformers_version:
+        parts.append(f"traced with transformers {transformers_version}")
+    return "; ".join(parts)
+
+
+def predicted(row: dict, note: str) -> tuple[evidence.Row, str]:
+    """The row's evidence row (estimate_memory for its configuration, its adapters built by peft on the meta model)
+    and the estimate's method."""
+    kept = {}
+
+    def predict():
+        kept["est"] = estimate_memory(row["model"], adapter=adapter_of(row), **plan_inputs(row))
+        return getattr(kept["est"], METRICS[row["metric"]])
+
+    judged = evidence.predicted_row(id=row["id"], data_file=DATA_FILE, source=row["source"],
+                                    measured=float(row["value"]) * UNITS[row["unit"]], predict=predict,
+                                    group=group_of(row), note=note)
+    return judged, kept["est"].method
+
+
+def release_rows(rows: list[evidence.Row], data: dict[str, dict]) -> tuple[list[evidence.Row], list[str]]:
+    """The traced rows whose notes name a release other than the installed one, traced with it; and why a release
+    or row could not be."""
+    import transformers  # lazy: only to name the installed release
+
+    from benchmarks.releases import traced_with_releases
 
     by_release: dict[str, list[str]] = {}
-    for r in done:
-        release = measured_release(rows[r["id"]])
-        if release and release != transformers.__version__ and r["method"] == "trace":
-            by_release.setdefault(release, []).append(r["id"])
+    for r in rows:
+        release = measured_release(data[r.id])
+        if release and release != transformers.__version__:
+            by_release.setdefault(release, []).append(r.id)
     found, failed = traced_with_releases(Path(__file__).resolve(), by_release)
-    for r in done:
-        if r["id"] in found:
-            got = found[r["id"]]
-            r.update(release=got["transformers"], release_predicted_gib=got["predicted_gib"],
-                     release_error=got["predicted_gib"] / r["measured_gib"] - 1)
-    return failed
+    fields = evidence.Row.__dataclass_fields__
+    return [evidence.Row(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in got.items() if k in fields})
+            for _, got in sorted(found.items())], failed
 
 
 def worker(ids: list[str]) -> int:
-    """`--worker`: predict the rows `ids` with whatever transformers this interpreter imports, as one JSON line."""
-    import transformers
+    """`--worker`: the rows `ids` as evidence rows with whatever transformers this interpreter imports, one JSON
+    line."""
+    import transformers  # lazy: the release the subprocess put first on the path
 
     out = {}
-    for row in json.loads((DATA / "published_peft_memory.json").read_text())["rows"]:
+    for row in json.loads((DATA / DATA_FILE).read_text())["rows"]:
         if row["id"] not in ids:
             continue
         try:
-            out[row["id"]] = {**predict(row), "transformers": transformers.__version__}
+            judged, method = predicted(row, note_of(row, transformers.__version__))
+            out[row["id"]] = {**judged.to_json(), "method": method, "transformers": transformers.__version__}
         except Exception as err:  # a release the installed peft or bitsandbytes cannot work with: that row's report
             out[row["id"]] = {"method": "failed", "why": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
     print(json.dumps(out))
     return 0
 
 
-def summary(rows: list[dict], key: str = "error") -> dict:
-    """Errors of `key` ("error": the installed code; "release_error": the measured release where traced)."""
-    errors = [abs(r.get(key, r["error"])) for r in rows]
-    if not errors:
-        return {}
-    return {"rows": len(rows), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
-            "under_predicted": sum(r.get(key, r["error"]) < 0 for r in rows)}
+def _stack() -> str:
+    import peft
+    import torch
+    import transformers
+
+    return (f"planner.estimate_memory with the row's adapters (planner.Adapter, built by peft on the meta model), "
+            f"installed stack (transformers {transformers.__version__}, peft {peft.__version__}, torch "
+            f"{torch.__version__}); measured: fms-acceleration's Mistral-7B runs on an A100 (HF Trainer via trl, "
+            f"transformers 4.48.1, torch 2.4.1) and PEFT's MetaMathQA runs on an L40S (own loop, transformers "
+            f"5.13.1, torch 2.13)")
 
 
-def _line(r: dict) -> str:
-    release = (f"  with {r['release']}: {r['release_predicted_gib']:6.2f} GiB {r['release_error']:+.1%}"
-               if "release" in r else "")
-    return (f"{r['id']:42s} {r['group']:13s} {r['metric']:22s} measured {r['measured_gib']:6.2f} GiB  "
-            f"predicted {r['predicted_gib']:6.2f} GiB  {r['error']:+.1%}{release}")
+def _short(problem: str) -> str:
+    """A failure's line without the file paths it names."""
+    text = re.sub(r" \(/[^)]*\)", "", problem)
+    return text + ")" * max(0, text.count("(") - text.count(")"))
+
+
+def _print(name: str, rows: list[evidence.Row]) -> None:
+    s = evidence.summary(rows)
+    if s["rows"]:
+        print(f"{name}: {s['rows']} rows, median |error| {s['median_abs']:.1%}, worst {s['worst_abs']:.1%}, bias "
+              f"{s['bias']:+.1%}, under {s['under']:.0%}, in-sample {sum(r.in_sample for r in rows)}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="write the rows and summary as JSON here")
+    parser.add_argument("--out", type=Path, default=evidence.RESULTS, help="the results folder")
     parser.add_argument("--no-releases", action="store_true",
                         help="skip tracing rows with the transformers release their notes name")
     parser.add_argument("--worker", nargs="+", metavar="ROW_ID", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker)
-    rows = {row["id"]: row for row in json.loads((DATA / "published_peft_memory.json").read_text())["rows"]}
-    done, skipped = [], []
-    for row in rows.values():
+    data = {row["id"]: row for row in json.loads((DATA / DATA_FILE).read_text())["rows"]}
+    rows, skipped, methods = [], [], {}
+    for row in data.values():
         reason = skip_reason(row)
         if reason:
             skipped.append({"id": row["id"], "reason": reason})
-        else:
-            done.append(predict(row))
-    failed = [] if args.no_releases else add_release_predictions(done, rows)
-    for r in done:
-        print(_line(r))
-    groups = {"planned": [r for r in done if r["group"] == "planned"],
-              "other_program": [r for r in done if r["group"] != "planned"]}
-    result = {name: summary(group) for name, group in groups.items()}
-    result.update({f"{name} (each row's measured release where traced)": summary(group, "release_error")
-                   for name, group in groups.items() if any("release" in r for r in group)})
-    for name, s in result.items():
-        if s:
-            print(f"{name}: {s['rows']} rows, median |error| {s['median_abs_error']:.1%}, worst "
-                  f"{s['worst_abs_error']:.1%}, {s['under_predicted']} under-predicted")
-    for problem in failed:
-        print(f"not traced with its measured release: {problem}")
+            continue
+        judged, methods[row["id"]] = predicted(row, note_of(row))
+        rows.append(judged)
+        print(f"{judged.id:42s} {judged.group['program']:8s} {data[judged.id]['metric']:22s} measured "
+              f"{judged.measured / 2**30:6.2f} GiB  predicted {judged.predicted / 2**30:6.2f} GiB  "
+              f"{judged.error:+.1%}{'  (other program)' if upcast(data[judged.id]) else ''}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = evidence.write_results(
+        NAME, rows, kind="memory", command=COMMAND, stack=_stack(), out=args.out / f"{NAME}.json",
+        metric="peak memory as each row reports it: torch.cuda.max_memory_allocated against the estimate's "
+               "peak_allocated, max_memory_reserved against peak_reserved (neither holds the plan's error margin)",
+        cannot_show="other stacks' LoRA (LitGPT, torchtune, Unsloth: skipped), a 4-bit base sharded over GPUs, DoRA; "
+                    "models beyond Mistral-7B and Llama-3.2-3B. PEFT's rows' max_memory_reserved spans the whole run, "
+                    "evaluation generation included. Two rows ran peft's fp32 upcast of a QLoRA model, a program "
+                    "plan.prepare does not run (their notes say so)")
+    record = json.loads(path.read_text())
+    record["skipped"] = skipped
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    _print("all (installed transformers)", rows)
+    _print("planned program", [r for r in rows if not upcast(data[r.id])])
+    _print("other program (fp32 upcast)", [r for r in rows if upcast(data[r.id])])
+    if not args.no_releases:
+        traced = [r for r in rows if methods[r.id] == "trace"]
+        rebuilt, failed = release_rows(traced, data)
+        evidence.write_results(
+            f"{NAME}-measured-release", rebuilt, kind="other", command=COMMAND,
+            out=args.out / f"{NAME}-measured-release.json",
+            metric="a diagnostic, not a plan's error: the rows' peaks (as peft_memory) traced with the transformers "
+                   "release each row's notes say it ran",
+            stack="planner.estimate_memory with an older transformers installed into trainplan's cache "
+                  "(benchmarks/releases.py)",
+            cannot_show="what a plan predicts (a plan traces the installed release)"
+                        + (f"; not traced: {'; '.join(map(_short, failed))}" if failed else ""))
+        _print("each row's measured release where traced (diagnostic)", rebuilt)
+        for problem in failed:
+            print(f"not traced with its measured release: {problem}")
     print(f"skipped {len(skipped)} rows (reasons in the JSON)")
-    if args.out:
-        Path(args.out).write_text(json.dumps({**result, "rows": done, "skipped": skipped,
-                                              "releases_not_traced": failed}, indent=1) + "\n")
     return 0
 
 

@@ -23,11 +23,18 @@ _SPEC = importlib.util.spec_from_file_location(
 bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
-#: predicted / measured - 1 allowed per case. Within 5% where the engine's buffers are modelled from its source;
-#: ZeRO-2 with optimizer offload keeps ~2 B/param more on the host than modelled (-8.1% measured); FSDP2 is
-#: over-estimated (+20% measured, on the safe side): the trace's 16-bit model and gradients outlive what FSDP2's
-#: per-block gathering keeps, which the model does not yet follow.
-BOUNDS = {"zero2-offload-optimizer": (-0.09, 0.05), "fsdp2-full-shard": (0.0, 0.30)}
+#: Cases whose estimate is further from the measured peak than `allowed_error` allows: product defects in
+#: planner/memory, listed so that a fix (or a new miss) shows. Each is checked to be outside still, then xfailed.
+#: (Figures: benchmarks/results/engine_memory_cpu.json.)
+KNOWN_OUTSIDE = {
+    "zero2-offload-optimizer": "ZeRO-2 with optimizer offload keeps ~2.9 B per parameter more than modelled (measured "
+                               "3.98 MB, predicted 3.66 MB): an unmodelled host-side copy of the gradients or weights",
+    "zero3-offload-params": "ZeRO-3 with parameter offload keeps ~1.5 B per parameter more than modelled (measured "
+                            "3.46 MB, predicted 3.29 MB)",
+    "fsdp2-full-shard": "FSDP2 is over-estimated by ~6 B per parameter of a rank's shard (measured 1.91 MB, predicted "
+                        "2.25 MB): the trace's 16-bit model and gradients outlive what FSDP2's per-block gathering "
+                        "keeps, which the model does not yet follow",
+}
 #: A predicted peak no machine has: 1 PiB.
 HUGE = 2**50
 
@@ -45,8 +52,44 @@ def test_emitted_files_train_as_planned(case, model, tmp_path):
     assert row["processes"] == row["world_size"]
     assert (row["ran_micro_batch"], row["ran_grad_accum"]) == (row["micro_batch"], row["grad_accum"])
     assert len(row["losses"]) == 3 and all(math.isfinite(x) for x in row["losses"])
-    low, high = BOUNDS.get(case, (-0.05, 0.05))
-    assert low <= row["error"] <= high, row
+    allowed = allowed_error(case, model, row["world_size"])
+    off = row["predicted_peak"] - row["measured_peak"]
+    if case in KNOWN_OUTSIDE:
+        assert abs(off) > allowed, f"{case} is now within {allowed} B ({off:+} B): drop it from KNOWN_OUTSIDE"
+        pytest.xfail(KNOWN_OUTSIDE[case])
+    assert abs(off) <= allowed, f"{case}: predicted {row['predicted_peak']} B, measured {row['measured_peak']} B"
+
+
+def allowed_error(case: str, model: Path, world_size: int) -> int:
+    """Bytes an estimate may be off on the CPU: half of a 16-bit copy of one rank's share of the weights (2 B x
+    parameters / world / 2). Such a copy is the smallest state these engines keep or drop (a bf16 weight or gradient
+    partition, DeepSpeed's and FSDP2's 16-bit shards): an error under half of one says no copy was mis-counted, one
+    over half says one may have been. Nothing else is allowed for: on the CPU the measured peak is exact to the byte
+    (the live-storage tracker counts every tensor storage the run's ops create, as the trace behind the estimate
+    does) and holds none of what a GPU adds (the caching allocator's rounding and slack, the CUDA context, NCCL's
+    buffers), which estimate_memory(device="cpu") leaves out too. The parameters are transformers' own count of the model the case trains (its head; LoRA's frozen base)."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(model)
+    flags = bench.CASES[case]
+    with torch.device("meta"):
+        if "seq-cls" in flags:
+            config.num_labels = int(flags[flags.index("--num-labels") + 1])
+            built = transformers.AutoModelForSequenceClassification.from_config(config)
+        else:
+            built = transformers.AutoModelForCausalLM.from_config(config)
+    parameters = sum(p.numel() for p in built.parameters())
+    return parameters // world_size
+
+
+def test_the_allowed_error_is_half_a_16_bit_copy_of_a_ranks_weights(model):
+    # the tiny Llama by hand: embeddings and LM head 2 x 300 x 64; per block q 64x64, k and v 64x32, o 64x64, MLP
+    # 3 x 64x128, 2 norms of 64; a final norm of 64: 38,400 + 2 x 36,992 + 64 = 112,448 parameters
+    assert allowed_error("single", model, 1) == 112_448
+    assert allowed_error("fsdp2-full-shard", model, 2) == 112_448 // 2
+    # the classifier's head is 3 x 64 instead of the LM head's 300 x 64
+    assert allowed_error("lora-ddp-classifier", model, 2) == (112_448 - 300 * 64 + 3 * 64) // 2
 
 
 def _train(folder: Path, *flags: str) -> tuple[subprocess.CompletedProcess, float]:

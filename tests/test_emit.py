@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import os
 import stat
 import sys
@@ -156,23 +158,91 @@ def test_emitting_is_deterministic_and_never_overwrites(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no temporary files left
 
 
-@pytest.mark.parametrize("name,per_node", [("bloom-560m-a100-1gpu", 1), ("bloom-560m-a100-8gpu", 8)])
+#: golden folder -> GPUs per node of the plan whose files it holds
+GOLDEN_PLANS = {"bloom-560m-a100-1gpu": 1, "bloom-560m-a100-8gpu": 8}
+
+
+@pytest.mark.parametrize("name,per_node", GOLDEN_PLANS.items())
 def test_golden_files(name, per_node):
-    p = plan("bigscience/bloom-560m", 256, gpu="A100-80GB", gpus_per_node=per_node, lr=2e-4, lr_batch=32)
-    files = render_files(p, EmitOptions())
+    """Every emitted file as recorded: the configs byte for byte, plan.json (0.7-0.9 MB: stored gzipped) in every
+    number and every non-prose field. Modelled numbers move with calibration: a change that is meant re-records the
+    goldens (TRAINPLAN_UPDATE_GOLDEN=1) in a commit that says why."""
+    files = _golden_plan_files(per_node)
     folder = GOLDEN / name
     if UPDATE_GOLDEN:
-        folder.mkdir(parents=True, exist_ok=True)
-        for fname, text in files.items():
-            if fname != "plan.json":
-                (folder / fname).write_text(text)
+        _record_golden(folder, files)
     for fname, text in files.items():
-        if fname == "plan.json":  # modelled numbers move with calibration; the configs must not drift silently
+        if fname == "plan.json":
+            recorded = json.loads(gzip.decompress((folder / "plan.json.gz").read_bytes()))
+            found = plan_json_differences(recorded, json.loads(text))
+            changed = "\n".join(found[:20])
+            assert not found, f"{name}/plan.json changed (rerun with TRAINPLAN_UPDATE_GOLDEN=1):\n{changed}"
             continue
         expected = (folder / fname).read_text()
         if fname == "training_args.json":
             expected = _installed_names(expected)
         assert expected == text, f"{name}/{fname} changed: rerun with TRAINPLAN_UPDATE_GOLDEN=1"
+
+
+def _golden_plan_files(per_node: int) -> dict[str, str]:
+    p = plan("bigscience/bloom-560m", 256, gpu="A100-80GB", gpus_per_node=per_node, lr=2e-4, lr_batch=32)
+    return render_files(p, EmitOptions())
+
+
+def _record_golden(folder: Path, files: dict[str, str], only: tuple[str, ...] | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for fname, text in files.items():
+        if only is not None and fname not in only:
+            continue
+        if fname == "plan.json":
+            (folder / "plan.json.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            (folder / fname).write_text(text)
+
+
+#: plan.json fields whose values are sentences, free to change form: the numbers they quote live in typed fields
+#: beside them (a candidate's `memory` and `verdict` beside its `reason`, `advice` beside `notes`)
+PLAN_PROSE = {"notes", "reason", "network_source"}
+
+
+def plan_json_differences(old, new, path: str = "") -> list[str]:
+    """Where plan.json `new` departs from the recorded `old`: a number, a non-prose string, a field added or lost.
+    An `error` holding a sentence (an error message) is prose; one holding error bars is compared but for its
+    `source`, the sentence naming the benchmark they come from. Numbers are compared exactly: the same
+    configuration planned twice gives the same floats (the same Python arithmetic in the same order)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = [f"{path}.{key}: added" for key in new.keys() - old.keys()]
+        for key, value in old.items():
+            if key in PLAN_PROSE or (key == "error" and isinstance(value, str)) or (
+                    key == "source" and path.endswith(".error")):
+                continue
+            where = f"{path}.{key}"
+            out += [f"{where}: lost"] if key not in new else plan_json_differences(value, new[key], where)
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return [f"{path}: {len(old)} items, now {len(new)}"]
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in plan_json_differences(a, b, f"{path}[{i}]")]
+    if _number(old) and _number(new):
+        return [] if old == new or (math.isnan(old) and math.isnan(new)) else [f"{path}: {old!r} -> {new!r}"]
+    return [] if type(old) is type(new) and old == new else [f"{path}: {old!r} -> {new!r}"]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def test_the_plan_json_comparison_sees_numbers_and_names_but_not_sentences():
+    recorded = {"memory": {"peak": 10, "method": "trace"}, "reason": "fits: peak 1.0 GiB",
+                "throughput": {"error": {"median": 0.2, "source": "benchmarks/report.py over 30 rows"}}}
+    same_but_worded = {"memory": {"peak": 10, "method": "trace"}, "reason": "fits, 1 GiB",
+                       "throughput": {"error": {"median": 0.2, "source": "report.py, 30 rows"}}}
+    assert plan_json_differences(recorded, same_but_worded) == []
+    moved = {"memory": {"peak": 11, "method": "analytic"}, "reason": "fits",
+             "throughput": {"error": {"median": 0.25, "source": ""}, "extra": 1}}
+    assert plan_json_differences(recorded, moved) == [
+        ".memory.peak: 10 -> 11", ".memory.method: 'trace' -> 'analytic'", ".throughput.extra: added",
+        ".throughput.error.median: 0.2 -> 0.25"]
 
 
 def _installed_names(text: str) -> str:
@@ -191,3 +261,12 @@ def test_launch_command_and_exit_code(tmp_path):
     with pytest.raises(InputError):
         launch_command(tmp_path / "a.yaml", [])
     assert run_launch([sys.executable, "-c", "import sys; sys.exit(7)"]) == 7
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--record-plan-json"]:
+        sys.exit("usage: python tests/test_emit.py --record-plan-json  (re-records the goldens' plan.json only)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for golden, gpus in GOLDEN_PLANS.items():
+        _record_golden(GOLDEN / golden, _golden_plan_files(gpus), only=("plan.json",))
+        print(f"{golden}/plan.json.gz recorded")
