@@ -250,7 +250,7 @@ def main() -> int:
     rows = [r for pair in pairs["memory"] for r in pair[0]]
     args.out.mkdir(parents=True, exist_ok=True)
     path = evidence.write_results(
-        NAME, rows, kind="memory", stack=_stack(), command=COMMAND, out=args.out / f"{NAME}.json",
+        NAME, rows, kind="other", stack=_stack(), command=COMMAND, out=args.out / f"{NAME}.json",
         metric="per-GPU peak memory of the row's run (torch.cuda.max_memory_allocated, or max_memory_reserved where "
                "the source reports reserved or 'peak VRAM'), each run of a pair predicted with Config(liger) as it "
                "ran",

@@ -179,9 +179,9 @@ class Config(BaseModel):
             return family_for(half_weights=info.weight_bytes < FP32_BYTES, autocast=False)
         return family_for(half_weights=engine.half_working_copy, autocast=engine.autocast)
 
-    def trace_family(self) -> tuple[str, str]:
+    def trace_family(self) -> tuple[str, ...]:
         """Candidates whose activations come from the same traced program (and calibrate each other)."""
-        return self.activation_family(), self.checkpointing
+        return (self.activation_family(), self.checkpointing) + (("liger",) if self.liger else ())
 
     def compile_saves_activations(self) -> bool:
         """Whether compiling changes what the step saves: Inductor's partitioner recomputes cheap values instead of

@@ -14,6 +14,7 @@ import functools
 from planner.config import Config
 from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.adapters import Adapter
+from planner.program.liger import trainer_config as liger_trainer_config
 from planner.vocab import (
     CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, GROUPED, INDUCTOR, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
 )
@@ -180,6 +181,11 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
         out["tf32"] = True
     if cfg.compiled:  # the Trainer hands accelerate a TorchDynamoPlugin with this backend (transformers/trainer.py)
         out.update(torch_compile=True, torch_compile_backend=INDUCTOR)
+    if cfg.liger:  # the Trainer patches the model in train() (transformers/integrations/liger.py)
+        out["use_liger_kernel"] = True
+        liger_config = liger_trainer_config(plan.model.model_type, plan.model.task)
+        if liger_config is not None:
+            out["liger_kernel_config"] = liger_config
     if info.options:
         out["optim_args"] = info.options
     if info.adam_betas:  # the betas the DeepSpeed block uses too

@@ -30,6 +30,8 @@ NOTE: dict[str, NoteInfo] = {
     "moe-zero3": NoteInfo("a mixture of experts under ZeRO-3: prepare marks its expert blocks as leaves", True),
     "lora-fused-parameters": NoteInfo("peft adapts fused expert weights as parameters, without dropout", True),
     "qlora-16bit-experts": NoteInfo("QLoRA: bitsandbytes leaves fused expert weights 16-bit", True),
+    "liger": NoteInfo("the plan runs Liger-Kernel's patches: which, and what is traced as the model's own", True),
+    "liger-available": NoteInfo("Liger-Kernel patches the model but is not installed here: not weighed", False),
     "qlora-ddp-only": NoteInfo("QLoRA is planned on one GPU or DDP only", False),
     "qlora-prepare": NoteInfo("QLoRA: load with bnb_config() and prepare(), not prepare_model_for_kbit_training", True),
     "compile-not-weighed": NoteInfo("torch.compile was not weighed: the run's length is unknown", False),

@@ -27,6 +27,7 @@ from planner.memory.estimate import Evaluation
 from planner.models import ResolvedModel, resolve_model
 from planner.models.build import effective_attention, model_class, samples_kept_apart
 from planner.notes import Note, Verdict, note
+from planner.program.liger import applies, patches_for
 from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 from planner.render import no_fit_message, suggestion_text
 from planner.request import PlanRequest
@@ -39,8 +40,8 @@ from planner.types import (
 )
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_PRECISION, ENGINE, FP32, FULL,
-    GROUPED, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE, PRECISION, TASK, TF32,
-    TOKEN_LABELS, TOKEN_TARGETS,
+    GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE, PRECISION, TASK,
+    TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 
@@ -229,7 +230,8 @@ def search_space(job: Job) -> SearchSpace:
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
         micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer,
         adapter=job.spec.adapter, tensor_parallel=tensor_parallel_sizes(job.resolved, hardware.gpus_per_node)[0],
-        compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job))
+        compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job),
+        liger=_liger(job))
 
 
 def dataset_summary(job: Job, choice: Config) -> DatasetSummary | None:
@@ -305,6 +307,21 @@ def _compiled(compile: str, run_steps: int | None) -> tuple[bool, ...]:
     return COMPILE[compile].candidates if compile != AUTO or run_steps else (False,)
 
 
+def _liger(job: Job) -> tuple[bool, ...]:
+    """Without and/or with Liger-Kernel: `on` wherever its patches apply to the model on the GPU (an input error where
+    they do not), `auto` only where liger-kernel is also installed here."""
+    mode = job.request.liger
+    if True not in LIGER[mode].candidates:
+        return LIGER[mode].candidates
+    problem = applies(job.resolved.config, job.gpu, check_installed=mode == AUTO) if job.resolved.config is not None \
+        else "a model passed as a module is planned as it is"
+    if problem is None:
+        return LIGER[mode].candidates
+    if mode == AUTO:
+        return (False,)
+    raise InputError(f"Liger-Kernel does not apply: {problem}", flag="--liger", hint="Use --liger off (or auto).")
+
+
 def tensor_parallel_sizes(resolved, gpus_per_node: int) -> tuple[tuple[int, ...], Note | None]:
     """Tensor-parallel sizes worth planning within a node, and why there are none: the model's transformers TP plan
     (`config.base_model_tp_plan`, which `from_pretrained(tp_plan="auto")` applies) must exist, and a size must divide
@@ -336,7 +353,7 @@ def search_notes(job: Job, ranked: list[Candidate]) -> tuple[Note, ...]:
                                          if info.in_auto and info.autocast):
         notes.append(note("no-bf16", gpu=gpu.name, compute_capability=gpu.compute_capability))
     notes += _tf32_note(job, choice) + _parallelism_notes(job, ranked) + _host_note(hardware, choice)
-    notes += _moe_note(job.spec, choice) + _adapter_notes(job) + _qlora_notes(job)
+    notes += _moe_note(job.spec, choice) + _adapter_notes(job) + _qlora_notes(job) + _liger_notes(job, choice)
     return tuple(notes) + _compile_notes(job, choice)
 
 
@@ -394,6 +411,21 @@ def _adapter_notes(job: Job) -> list[Note]:
         out.append(note("qlora-16bit-experts", experts=fused, unquantized=spec.frozen_parameters -
                         spec.quantized_parameters, frozen=spec.frozen_parameters))
     return out
+
+
+def _liger_notes(job: Job, choice: Candidate) -> list[Note]:
+    """What Liger-Kernel patches in the chosen plan; or, where `auto` left it out only because it is not installed
+    here, that it would apply."""
+    config = job.resolved.config
+    patches = patches_for(config, job.spec.task) if config is not None else None
+    if patches is None:
+        return []
+    if choice.config.liger:
+        return [note("liger", patches=patches.names(), source=patches.source, unmodelled="; ".join(patches.unmodelled))]
+    if job.request.liger == AUTO and applies(config, job.gpu, check_installed=False) is None \
+            and applies(config, job.gpu) is not None:
+        return [note("liger-available", model_type=patches.model_type, patches=patches.names())]
+    return []
 
 
 def _qlora_notes(job: Job) -> list[Note]:
@@ -504,7 +536,8 @@ def requirements_of(result: Plan, adapter: str) -> tuple[Requirement, ...]:
     imports here: a plan made on a laptop for a cluster may need what the laptop lacks, so it is said, not refused."""
     cfg = result.choice.config
     names = (*ENGINE[cfg.engine].packages, *ADAPTER[adapter].packages, *ATTENTION[result.attention].packages,
-             *((OPTIMIZER[result.optimizer].package,) if OPTIMIZER[result.optimizer].package else ()))
+             *((OPTIMIZER[result.optimizer].package,) if OPTIMIZER[result.optimizer].package else ()),
+             *(("liger-kernel",) if cfg.liger else ()))
     return tuple(Requirement(package=name, installed=installed(PACKAGE[name].module), install=PACKAGE[name].install)
                  for name in dict.fromkeys(names))
 

@@ -13,9 +13,9 @@ from planner.errors import InputError, TrainplanError
 from planner.models.adapters import Adapter
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_METHOD, CHECKPOINTING, COMPILE, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
-    DEFAULT_SHARDING_ENGINE, ENGINE, LABELS_OBJECTIVE, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_CHECKPOINTING,
+    DEFAULT_SHARDING_ENGINE, ENGINE, LABELS_OBJECTIVE, LIGER, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_CHECKPOINTING,
     NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER, PADDING, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES, AdapterMethod,
-    Attention, Checkpointing, CompileMode, LRScaling, MemoryMethod, Objective, Offload, Optimizer, Precision,
+    Attention, Checkpointing, CompileMode, LigerMode, LRScaling, MemoryMethod, Objective, Offload, Optimizer, Precision,
     ShardingEngine, TaskChoice, choices_text,
 )
 
@@ -122,6 +122,8 @@ class PlanRequest(_Request):
                                           "--train-tokens).", gt=0, le=LIMITS.batch, strict=True)
     compile: CompileMode = option(AUTO, help="torch.compile the model: " + choices_text(COMPILE)
                                   + ". auto compiles where it is faster over the run (give its length).")
+    liger: LigerMode = option(AUTO, help="Liger-Kernel's Triton kernels (the Trainer's use_liger_kernel): "
+                              + choices_text(LIGER) + ". auto weighs them where liger-kernel is installed here.")
     dataset: str | None = option(help="Your training data (JSON lines, JSON, CSV, Parquet, a save_to_disk folder, or a "
                                       "hub dataset in the local cache): plans for its sample lengths and batching.")
     text_field: str | None = option(help="The dataset's text column (default: a chat 'messages' column rendered by "

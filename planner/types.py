@@ -100,6 +100,7 @@ class ModelInfo(BaseModel):
     has_batchnorm: bool
     layer_class: str
     num_labels: int = 0
+    model_type: str = ""     # the config's model_type (what Liger-Kernel's patches are chosen by)
     #: LoRA / QLoRA settings (planner.models.adapters.Adapter.to_json()); None: every parameter trains
     adapter: dict | None = None
 

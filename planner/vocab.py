@@ -25,6 +25,7 @@ PACKAGE: dict[str, PackageInfo] = {
     "peft": PackageInfo("peft", 'pip install "trainplan[peft]"'),
     "bitsandbytes": PackageInfo("bitsandbytes", 'pip install "trainplan[bitsandbytes]"'),
     "flash-attn": PackageInfo("flash_attn", "pip install flash-attn --no-build-isolation"),
+    "liger-kernel": PackageInfo("liger_kernel", 'pip install "trainplan[liger]"'),
 }
 
 
@@ -235,20 +236,31 @@ NO_CHECKPOINTING, SELECTIVE, FULL = "none", "selective", "full"
 
 
 @dataclass(frozen=True)
-class CompileInfo:
+class SwitchInfo:
     doc: str
-    candidates: tuple[bool, ...]  # whether the search plans the step eager (False), compiled (True), or both
+    candidates: tuple[bool, ...]  # whether the search plans without it (False), with it (True), or both
 
 
 #: `torch.compile` of the model (TorchInductor, default mode): the Trainer's `torch_compile`, accelerate's
 #: `dynamo_config`. What it changes is read from the model's graph (planner/program/compiled.py).
-COMPILE: dict[str, CompileInfo] = {
-    "auto": CompileInfo("compiled where it is faster over the run, its first-step compile time included (needs the "
+COMPILE: dict[str, SwitchInfo] = {
+    "auto": SwitchInfo("compiled where it is faster over the run, its first-step compile time included (needs the "
                         "run's length: --train-steps or --train-tokens); eager otherwise", (False, True)),
-    "on": CompileInfo("compile the model (torch.compile, TorchInductor)", (True,)),
-    "off": CompileInfo("eager PyTorch", (False,)),
+    "on": SwitchInfo("compile the model (torch.compile, TorchInductor)", (True,)),
+    "off": SwitchInfo("eager PyTorch", (False,)),
 }
 CompileMode = Literal[tuple(COMPILE)]  # type: ignore[valid-type]
+
+#: Liger-Kernel's Triton kernels (the Trainer's `use_liger_kernel`); what they patch per model type is read from
+#: liger-kernel's own table (planner/program/liger.py).
+LIGER: dict[str, SwitchInfo] = {
+    "auto": SwitchInfo("with and without, where liger-kernel is installed here and patches the model on this GPU",
+                       (False, True)),
+    "on": SwitchInfo("the Trainer's use_liger_kernel (refused where Liger has no patches for the model or GPU)",
+                     (True,)),
+    "off": SwitchInfo("the model's own modules", (False,)),
+}
+LigerMode = Literal[tuple(LIGER)]  # type: ignore[valid-type]
 COMPILE_OFF = "off"
 #: The Inductor backend the emitted files name (TrainingArguments.torch_compile_backend, accelerate's dynamo_backend).
 INDUCTOR = "inductor"

@@ -426,3 +426,72 @@ def test_torch_compile_capture_runs_the_stand_ins():
     req = request(micro_batch=1, activations="mixed", autocast_device="cpu")
     off, on = (analyse_program(config, 1, replace(req, liger=flag)) for flag in (False, True))
     assert on["saved_eager"] < off["saved_eager"] and on["saved_compiled"] < off["saved_compiled"]
+
+
+# --- the planner's knob: --liger auto | on | off
+
+def _llama():
+    return tiny(transformers.LlamaConfig, layers=2, vocab=32000)
+
+
+def test_on_is_refused_where_liger_does_not_apply():
+    from planner import plan
+    from planner.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        plan("bigscience/bloom-560m", 8, seq_len=256, gpu="A100-80GB", liger="on")
+    assert err.value.flag == "--liger" and "bloom" in str(err.value)
+    with pytest.raises(InputError) as err:  # Triton's NVIDIA GPUs start at compute capability 8.0
+        plan(_llama(), 8, seq_len=256, gpu="T4-16GB", liger="on")
+    assert err.value.flag == "--liger" and "T4" in str(err.value)
+
+
+def test_on_plans_and_emits_it_and_says_what_to_install(tmp_path):
+    from emit import emit
+    from planner import plan
+
+    p = plan(_llama(), 8, seq_len=256, gpu="A100-80GB", liger="on")
+    assert p.choice.config.liger and all(c.config.liger for c in p.candidates if c.memory is not None)
+    assert "liger" in {n.kind for n in p.notes}
+    assert {r.package: r.installed for r in p.requirements}["liger-kernel"] == HAS_LIGER
+    emit(p, tmp_path)
+    args = json.loads((tmp_path / "training_args.json").read_text())
+    assert args["use_liger_kernel"] is True and "liger_kernel_config" not in args
+    cls = plan(_llama(), 8, seq_len=256, gpu="A100-80GB", liger="on", task="seq-cls", num_labels=2)
+    emit(cls, tmp_path / "cls")
+    args = json.loads((tmp_path / "cls" / "training_args.json").read_text())
+    assert args["liger_kernel_config"] == {"fused_linear_cross_entropy": False}  # the FLCE patch breaks such heads
+
+
+def test_auto_weighs_it_only_where_installed(monkeypatch):
+    from planner import plan
+
+    monkeypatch.setattr(liger, "_not_installed", lambda: "liger_kernel not installed here")
+    p = plan(_llama(), 8, seq_len=256, gpu="A100-80GB")
+    assert not any(c.config.liger for c in p.candidates)
+    assert "liger-available" in {n.kind for n in p.notes}
+    monkeypatch.setattr(liger, "_not_installed", lambda: None)
+    p = plan(_llama(), 8, seq_len=256, gpu="A100-80GB", micro_batch=8, checkpointing="none", precision="bf16-mixed",
+             zero_stage=0, offload="none")
+    by = {c.config.liger: c for c in p.candidates if c.memory is not None}
+    assert set(by) == {False, True} and by[True].memory.activations < by[False].memory.activations
+    assert "liger-available" not in {n.kind for n in p.notes}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_the_analytic_screen_counts_what_the_trace_saves(precision):
+    """The search screens candidates by formula before tracing them: with Liger, the formula's saving (no full logits,
+    the norms' and MLP's smaller saves) is within a quarter of the traced saving, so a Liger candidate is neither
+    screened out nor let through on the formula's account of a step without it."""
+    from planner.config import Config
+    from planner.memory.estimate import Evaluation
+
+    evaluation = Evaluation(resolve_model(_llama()), seq_len=512, optimizer="adamw", attention="sdpa",
+                            gpus_per_node=1)
+    saved = {}
+    for method in ("trace", "analytic"):
+        act = [evaluation.activations(Config(micro_batch=4, grad_accum=1, world_size=1, precision=precision,
+                                             checkpointing="none", zero_stage=0, offload="none", liger=on),
+                                      method)[0] for on in (False, True)]
+        saved[method] = act[0] - act[1]
+    assert saved["trace"] > 0 and saved["analytic"] == pytest.approx(saved["trace"], rel=0.25)

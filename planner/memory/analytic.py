@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from planner import facts
 from planner.models.spec import ModelSpec
+from planner.program.liger import FLCE, flce_chunks, patches_of
 from planner.vocab import ACTIVATIONS, ADAPTER, CHECKPOINTING, KERNEL
 
 #: HF models upcast logits to fp32 for the loss (`logits.float()` in transformers/loss/loss_utils.py
@@ -81,12 +82,16 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
 
 
 def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activations: str, attention: str,
-                     checkpointing: str, tp: int = 1) -> dict[str, int]:
+                     checkpointing: str, tp: int = 1, liger: bool = False) -> dict[str, int]:
     """Named activation terms (bytes) for one micro-batch of the whole model, per GPU of a `tp`-way tensor-parallel
-    group (the logits are gathered whole: transformers' plans make the LM head `colwise_rep`)."""
+    group (the logits are gathered whole: transformers' plans make the LM head `colwise_rep`). `liger`: with
+    Liger-Kernel's patches for the model (`liger_savings`)."""
     w = Widths.of(activations)
     tokens = micro_batch * seq_len
+    patches = patches_of(spec.model_type, spec.task) if liger else None
     per_block = block_bytes_per_token(spec, w, seq_len, attention, checkpointing, tp)
+    if patches is not None:
+        per_block -= liger_block_savings(spec, w, patches)
     info = CHECKPOINTING[checkpointing]
     if info.enabled and not info.per_op_policy:  # full: block inputs, plus one block's activations in recompute
         blocks = spec.layers * w.residual * spec.hidden * tokens + per_block * tokens
@@ -95,6 +100,8 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
     # logits in the matmul dtype, their fp32 upcast and the fp32 log-softmax (fp32 logits need no upcast)
     logits_bytes = w.matmul + LOSS_FP32_BYTES * (2 if w.matmul < LOSS_FP32_BYTES else 1)
     logits = tokens * spec.logit_width * logits_bytes
+    if patches is not None and patches.loss == FLCE:
+        logits = liger_loss_bytes(spec, w, tokens, activations)
     embeddings = w.residual * spec.hidden * tokens
     autocast_copies = ACTIVATIONS[activations].autocast and not ACTIVATIONS[activations].half_weights
     # autocast casts fp32 weights; with adapters only the trainable ones are fp32 (the frozen base is 16-bit)
@@ -105,12 +112,32 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
             "autocast_weight_copies": int(copies)}
 
 
+def liger_block_savings(spec: ModelSpec, w: Widths, patches) -> float:
+    """Bytes per token a block saves less with Liger's kernels, as its traced stand-ins measure it
+    (tests/test_liger.py): each of the two RMSNorms keeps its input and a per-row fp32 RSTD instead of fp32 copies
+    (4 bytes x hidden each), and the gated MLP recomputes its activation instead of saving it."""
+    experts = spec.experts_per_token if spec.num_experts > 1 else 1
+    norms = 2 * LOSS_FP32_BYTES * spec.hidden if patches.norms is not None else 0
+    mlp = w.matmul * spec.ffn * experts if patches.modelled_mlp is not None and spec.gated_mlp else 0
+    return norms + mlp
+
+
+def liger_loss_bytes(spec: ModelSpec, w: Widths, tokens: int, activations: str) -> int:
+    """Liger's fused linear cross-entropy (planner/program/liger.py `flce_forward`): one chunk's logits at a time, and
+    the gradients its forward computes and keeps for the backward: the input's, and the LM head's in the weights'
+    dtype where the head trains."""
+    chunk, _ = flce_chunks(tokens, spec.hidden, spec.vocab)
+    weight_bytes = 2 if ACTIVATIONS[activations].half_weights else 4
+    head = spec.vocab * spec.hidden * weight_bytes if not ADAPTER[spec.adapter].trains_adapters else 0
+    return chunk * spec.vocab * w.matmul + tokens * spec.hidden * w.residual + head
+
+
 def tensor_parallel_share(workload, cfg) -> float:
     """A tensor-parallel rank's activations over the unsplit model's, by these formulas (`workload`: a
     planner.program.workload.Workload; `cfg` a Config)."""
     req = workload.request(cfg)
     terms = [activation_bytes(workload.spec, micro_batch=cfg.micro_batch, seq_len=workload.seq_len,
                               activations=req.activations, attention=req.attention, checkpointing=cfg.checkpointing,
-                              tp=tp)
+                              tp=tp, liger=cfg.liger)
              for tp in (1, cfg.tensor_parallel)]
     return sum(terms[1].values()) / max(1, sum(terms[0].values()))

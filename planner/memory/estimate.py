@@ -14,13 +14,13 @@ from planner.memory.gpu import (
 )
 from planner.memory.whole_run import evaluation_view
 from planner.models import resolve_model
-from planner.models.adapters import NF4_FACTS
+from planner.models.adapters import NF4_FACTS, Adapter
 from planner.models.build import build_meta
 from planner.program.trace import trace_activations, trace_sequence_fit
 from planner.program.workload import Workload
+from planner.request import MemoryRequest
 from planner.vocab import (
-    ADAPTER, ANALYTIC, ATTENTION, AUTO_METHOD, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION,
-    ESTIMATE, LABELS_OBJECTIVE, MEMORY_METHOD, NO_CHECKPOINTING, NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER,
+    ADAPTER, ANALYTIC, AUTO_METHOD, DEEPSPEED, ESTIMATE, LABELS_OBJECTIVE, OFFLOAD, OPTIMIZER,
     SDPA, TORCH, TRACE, Attention, EstimateMethod,
 )
 
@@ -98,15 +98,11 @@ class MemoryEstimate(BaseModel):
         return ESTIMATE[self.method].exact
 
 
-def estimate_memory(
-    model, *, micro_batch: int = 1, seq_len: int | None = None, precision: str = DEFAULT_PRECISION,
-    optimizer: str = DEFAULT_OPTIMIZER, checkpointing: str = NO_CHECKPOINTING, zero_stage: int = 0, offload: str = NO_OFFLOAD,
-    world_size: int = 1, gpus_per_node: int | None = None, attention: str = SDPA, device: str = "cuda",
-    gpu: str | None = None, grad_accum: int = 1, method: str = AUTO_METHOD, trust_remote_code: bool = False,
-    engine: str | None = None, objective: str = LABELS_OBJECTIVE, task: str | None = None,
-    num_labels: int | None = None, adapter=None,
-) -> MemoryEstimate:
-    """Per-GPU memory of one training configuration (see the README's library section).
+def estimate_memory(model, **fields) -> MemoryEstimate:
+    """Per-GPU memory of one training configuration. `fields` are `MemoryRequest`'s (planner/request.py:
+    micro_batch, seq_len, precision, optimizer, checkpointing, zero_stage, offload, world_size, gpus_per_node,
+    attention, device, gpu, grad_accum, method, trust_remote_code, engine, objective, task, num_labels, adapter); a bad
+    value raises InputError naming its flag.
 
     `method`: "trace" runs the model's step under FakeTensorMode (exact for what HF code saves), "analytic" uses
     formulas (< 0.1 s), "auto" traces unless the model cannot be traced. `gpu` (a catalog name) checks that the GPU
@@ -115,41 +111,22 @@ def estimate_memory(
     `num_labels` give the model another head (`vocab.TASK_CHOICES`); `adapter` (planner.Adapter) trains LoRA or
     QLoRA adapters over the frozen model.
     """
-    resolved = resolve_model(model, trust_remote_code=trust_remote_code, task=task, num_labels=num_labels,
-                             adapter=adapter)
-    _check(micro_batch, seq_len, checkpointing, attention, device, method, world_size, grad_accum)
-    if optimizer not in OPTIMIZER:
-        raise InputError(f"unknown optimizer {optimizer!r}", flag="--optimizer",
-                         hint=f"Use one of {', '.join(OPTIMIZER)}.")
+    req = MemoryRequest.of(model=model, **fields)
+    if req.adapter is not None and not isinstance(req.adapter, Adapter):
+        raise InputError(f"adapter must be a planner.Adapter, got {type(req.adapter).__name__}", flag="--peft")
+    resolved = resolve_model(req.model, trust_remote_code=req.trust_remote_code, task=req.task,
+                             num_labels=req.num_labels, adapter=req.adapter)
     try:
-        cfg = Config.of(micro_batch=micro_batch, grad_accum=grad_accum, world_size=world_size, precision=precision,
-                        checkpointing=checkpointing, zero_stage=zero_stage, offload=offload, engine=engine)
+        cfg = Config.of(micro_batch=req.micro_batch, grad_accum=req.grad_accum, world_size=req.world_size,
+                        precision=req.precision, checkpointing=req.checkpointing, zero_stage=req.zero_stage,
+                        offload=req.offload, engine=req.engine)
     except ValueError as err:
         raise InputError(str(err)) from err
-    if objective not in OBJECTIVE:
-        raise InputError(f"objective must be one of {', '.join(OBJECTIVE)}")
-    entry = _check_gpu(gpu, cfg, attention) if gpu is not None else None
-    evaluator = Evaluation(resolved, seq_len=seq_len or resolved.spec.seq_len, optimizer=optimizer,
-                           attention=attention, gpus_per_node=gpus_per_node, device=device, gpu=entry,
-                           objective=objective)
-    return evaluator.estimate(cfg, method)
-
-
-def _check(micro_batch, seq_len, checkpointing, attention, device, method, world_size, grad_accum):
-    if not isinstance(micro_batch, int) or micro_batch < 1:
-        raise InputError("micro_batch must be a positive integer", flag="--micro-batch")
-    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
-        raise InputError("seq_len must be a positive integer", flag="--seq-len")
-    if checkpointing not in CHECKPOINTING:
-        raise InputError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}", flag="--checkpointing")
-    if attention not in ATTENTION:
-        raise InputError(f"attention must be one of {', '.join(ATTENTION)}", flag="--attention")
-    if device not in ("cuda", "cpu"):
-        raise InputError("device must be cuda or cpu")
-    if method not in MEMORY_METHOD:
-        raise InputError(f"method must be one of {', '.join(MEMORY_METHOD)}", flag="--memory-method")
-    if world_size < 1 or grad_accum < 1:
-        raise InputError("world_size and grad_accum must be >= 1")
+    entry = _check_gpu(req.gpu, cfg, req.attention) if req.gpu is not None else None
+    evaluator = Evaluation(resolved, seq_len=req.seq_len or resolved.spec.seq_len, optimizer=req.optimizer,
+                           attention=req.attention, gpus_per_node=req.gpus_per_node, device=req.device, gpu=entry,
+                           objective=req.objective)
+    return evaluator.estimate(cfg, req.method)
 
 
 def _check_gpu(gpu: str, cfg: Config, attention: str):
@@ -215,7 +192,7 @@ class Evaluation:
                                      hint="Use the analytic memory model (--memory-method analytic).") from err
         terms = analytic.activation_bytes(spec, micro_batch=cfg.micro_batch, seq_len=self.seq_len,
                                           activations=req.activations, attention=req.attention,
-                                          checkpointing=cfg.checkpointing)
+                                          checkpointing=cfg.checkpointing, liger=cfg.liger)
         return sum(terms.values()), ANALYTIC
 
     def _fit(self, cfg: Config):
@@ -253,12 +230,29 @@ class Evaluation:
         return self.combine(cfg, act, used)
 
     def combine(self, cfg: Config, act: int, method: EstimateMethod) -> MemoryEstimate:
-        states_ = self.states(cfg)
-        view = AllocatorView()
-        if self.device == "cuda":
-            view = self.allocator_view(cfg, act, method, states_)
-        return combine(self.resolved.spec, cfg, states_, act, method, self.optimizer, self.device, view, self.gpu,
-                       self.gpus_per_node)
+        """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
+        step's. The first micro-batch of a step runs with no gradients allocated yet (its traced activations include
+        the gradients its backward has made by its peak); later ones (grad_accum > 1) with all of them. On the CPU,
+        host memory is the device: what offload keeps there counts too."""
+        spec, device, ms = self.resolved.spec, self.device, self.states(cfg)
+        view = self.allocator_view(cfg, act, method, ms) if device == "cuda" else AllocatorView()
+        transient = optimizer_transient(spec, cfg, self.optimizer, device)
+        if cfg.grad_accum > 1 or cfg.sharded:
+            tensors = ms.total + max(act, transient)
+        else:
+            tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
+        if device == "cpu":
+            tensors += ms.host_tensors
+        terms = _terms(spec, cfg, ms, view, transient, device, self.gpu, self.gpus_per_node)
+        if device == "cuda" and not ESTIMATE[method].measured:
+            terms = terms.model_copy(update={"error_margin": int(facts.get("memory.activation_margin") * act)})
+        peak_allocated = tensors + terms.allocated_overheads
+        overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
+        return MemoryEstimate(
+            parameters=ms.parameters, gradients=ms.gradients, optimizer_states=ms.optimizer_states, activations=act,
+            overhead=overhead, peak_allocated=peak_allocated, peak=tensors + overhead + terms.error_margin,
+            cpu_offload_bytes=ms.cpu_bytes, method=method, device=device, terms=terms,
+        )
 
 
 def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
@@ -271,32 +265,6 @@ def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
     if device == "cpu":
         return 2 * width * spec.largest_layer_parameters
     return width * spec.largest_layer_parameters
-
-
-def combine(spec, cfg: Config, ms: states.ModelStates, act: int, method: EstimateMethod, optimizer: str,
-            device: str, view: AllocatorView = AllocatorView(), gpu=None, gpus_per_node: int | None = None
-            ) -> MemoryEstimate:
-    """Totals from model states and activations: the peak is the larger of the micro-step's and the optimizer
-    step's. The first micro-batch of a step runs with no gradients allocated yet (its traced activations include
-    the gradients its backward has made by its peak); later ones (grad_accum > 1) with all of them. On the CPU, host
-    memory is the device: what offload keeps there counts too."""
-    transient = optimizer_transient(spec, cfg, optimizer, device)
-    if cfg.grad_accum > 1 or cfg.sharded:
-        tensors = ms.total + max(act, transient)
-    else:
-        tensors = ms.parameters + ms.optimizer_states + max(act, ms.gradients + transient)
-    if device == "cpu":
-        tensors += ms.host_tensors
-    terms = _terms(spec, cfg, ms, view, transient, device, gpu, gpus_per_node)
-    if device == "cuda" and not ESTIMATE[method].measured:
-        terms = terms.model_copy(update={"error_margin": int(facts.get("memory.activation_margin") * act)})
-    peak_allocated = tensors + terms.allocated_overheads
-    overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
-    return MemoryEstimate(
-        parameters=ms.parameters, gradients=ms.gradients, optimizer_states=ms.optimizer_states, activations=act,
-        overhead=overhead, peak_allocated=peak_allocated, peak=tensors + overhead + terms.error_margin,
-        cpu_offload_bytes=ms.cpu_bytes, method=method, device=device, terms=terms,
-    )
 
 
 def _terms(spec, cfg: Config, ms: states.ModelStates, view: AllocatorView, transient: int, device: str,

@@ -42,6 +42,8 @@ MONKEY_PATCH = "liger_kernel/transformers/monkey_patch.py"
 CACHE_VERSION = 2
 FLCE, CROSS_ENTROPY = "fused_linear_cross_entropy", "cross_entropy"
 SWIGLU, PHI3_SWIGLU, GEGLU, EXPERTS = "swiglu", "phi3_swiglu", "geglu", "experts"
+_NAMES = {SWIGLU: "SwiGLU", PHI3_SWIGLU: "SwiGLU (fused gate_up)", GEGLU: "GeGLU", EXPERTS: "MoE experts",
+          FLCE: "fused linear cross-entropy", CROSS_ENTROPY: "cross-entropy"}
 #: The CUDA streaming multiprocessors Liger's RMSNorm backward sizes its fp32 partial dW by
 #: (ops/rms_norm.py:532-544: `multi_processor_count` rows); an H100 SXM's 132. A few MB, freed in the backward.
 SM_COUNT = 132
@@ -174,6 +176,12 @@ class Patches:
         """The MLP form the stand-ins replace: one of a read layout with a stand-in."""
         return self.mlp if self.model_type in LAYOUTS and self.mlp in _MODELLED_MLPS else None
 
+    def names(self) -> str:
+        """What is patched, in words: "RoPE, RMSNorm, SwiGLU, fused linear cross-entropy"."""
+        parts = [name for name, on in (("RoPE", self.rope), ("RMSNorm", self.rms_norm), ("LayerNorm", self.layer_norm))
+                 if on] + [_NAMES[p] for p in (self.mlp, self.loss) if p]
+        return ", ".join(parts)
+
     def trainer_config(self) -> dict | None:
         """`TrainingArguments.liger_kernel_config` for this model: None (the defaults), or FLCE off where the head is
         not a causal LM, which the FLCE patch breaks (it rebinds `forward` to the causal-LM `lce_forward` whatever the
@@ -185,7 +193,11 @@ class Patches:
 def patches_for(config, task: str) -> Patches | None:
     """The patches `use_liger_kernel=True` applies to a model of `config.model_type` with a `task` head (`vocab.TASK`);
     None where liger-kernel has no entry for the type (a silent no-op: monkey_patch.py:4010-4012)."""
-    model_type = getattr(config, "model_type", None)
+    return patches_of(getattr(config, "model_type", None), task)
+
+
+def patches_of(model_type: str | None, task: str) -> Patches | None:
+    """`patches_for` by the model type's name."""
     defaults = SUPPORTED.get(model_type)
     if defaults is None:
         return None
@@ -198,6 +210,12 @@ def patches_for(config, task: str) -> Patches | None:
     mlp = (layout.mlp if layout else defaults.mlp) if defaults.mlp else None
     return Patches(model_type, f"{MONKEY_PATCH}:{defaults.line}", defaults.rope, defaults.rms_norm, norms, mlp, loss,
                    defaults.layer_norm, flce_off, _unmodelled(model_type, defaults, layout, mlp, loss))
+
+
+def trainer_config(model_type: str, task: str) -> dict | None:
+    """`TrainingArguments.liger_kernel_config` for a `model_type` with a `task` head (`Patches.trainer_config`)."""
+    patches = patches_of(model_type, task)
+    return patches.trainer_config() if patches is not None else None
 
 
 def _unmodelled(model_type: str, defaults: _D, layout: Layout | None, mlp: str | None, loss: str | None

@@ -20,7 +20,7 @@ class Workload:
                  gpu=None, objective: str = LABELS_OBJECTIVE):
         self.resolved, self.seq_len, self.optimizer, self.objective = resolved, seq_len, optimizer, objective
         self.attention, self.device, self.gpu = attention, device, gpu
-        self._compile: dict[str, CompileEffect | None] = {}
+        self._compile: dict[tuple[str, bool], CompileEffect | None] = {}
 
     @property
     def spec(self):
@@ -53,7 +53,7 @@ class Workload:
         """What torch.compile changes in `cfg`'s program (planner/program/compiled.py), or None where the model's graph
         cannot be captured (its compiled step is then modelled as the eager one)."""
         resolved = self.resolved
-        key = cfg.activation_family()
+        key = (cfg.activation_family(), cfg.liger)
         if key not in self._compile:
             self._compile[key] = None
             if resolved.config is not None:

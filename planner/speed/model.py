@@ -29,7 +29,7 @@ class SpeedModel:
         self.setup = SpeedSetup(spec=workload.spec, gpu=gpu, eff=efficiency_of(gpu), seq_len=workload.seq_len,
                                 gpus_per_node=gpus_per_node, optimizer=workload.optimizer, adam_step=adam_step,
                                 train_steps=train_steps)
-        self._profiles: dict = {}  # (checkpointing, program) -> (profile and its micro-batch, facts it read)
+        self._profiles: dict = {}  # trace family -> (profile and its micro-batch, facts it read)
 
     @property
     def eff(self):
@@ -42,7 +42,7 @@ class SpeedModel:
             found = speed_profile(self.workload, cfg)
             return found or analytic_profile(self.workload.spec, self.workload.seq_len, cfg.checkpointing)
 
-        return facts.cached(self._profiles, (cfg.checkpointing, cfg.activation_family()), traced_or_analytic)
+        return facts.cached(self._profiles, cfg.trace_family(), traced_or_analytic)
 
     def traced_step(self, cfg: Config) -> TracedStep:
         profile, anchor = self.profile(cfg)
