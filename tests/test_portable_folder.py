@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -92,9 +93,17 @@ def test_plan_launch_gives_accelerate_the_folder_files(model_dir, tmp_path):
     assert cmd[-3:] == ["--config_file", str(folder / "accelerate_config.yaml"), "train.py"]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)  # noqa: S603
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    # a rank's own error comes before the launcher's summary: show the lines that name one
+    causes = [ln for ln in done.stderr.splitlines() if re.search(r"Error|error:|terminate|what\(\)|Abort", ln)]
+    assert done.returncode == 0, ("\n".join(causes[-20:]), done.stdout[-2000:], done.stderr[-4000:])
     return done
 
 
@@ -111,8 +120,9 @@ def test_shipped_script_trains_from_the_moved_folder(case, model_dir, tmp_path):
         done = _run([str(folder / "launch.sh"), *script], tmp_path / "elsewhere")
     else:
         relative = ["-m", "probes.train", "--plan", "b", "--steps", "1", "--warmup", "0"]
+        # a free rendezvous port: the default 29500 may be held by another job on a shared machine
         done = _run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", "b/accelerate_config.yaml",
-                     *relative], tmp_path)
+                     "--main_process_port", str(_free_port()), *relative], tmp_path)
     results = [json.loads(ln.split(" ", 1)[1]) for ln in done.stdout.splitlines() if ln.startswith("PROBE-RESULT")]
     assert [r["status"] for r in results] == ["ok"] * CASES[case]["gpus_per_node"], results
     assert {r["engine"] for r in results} == {p.choice.config.engine}
