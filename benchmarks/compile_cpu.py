@@ -14,7 +14,7 @@ plan reports) and the planner's fused kernel count. The planner plans a compiled
 the peak measured here falls by less than the blocks' partition saving on the deeper Llama. Inductor's C++ backend
 fuses by its own rules (it also merges loops over outer dimensions), not its GPU backend's: the kernel count here is
 the CPU's. Needs a C++ compiler; a cold run compiles for a minute or two per
-case (Inductor's cache makes reruns fast). Nothing in the planner is fitted to these numbers: out-of-sample.
+case (Inductor's cache makes reruns fast). No fact in planner/facts names these numbers in its `fitted_to`.
 """
 
 from __future__ import annotations

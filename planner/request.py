@@ -127,8 +127,10 @@ class PlanRequest(_Request):
     dataset: str | None = option(help="Your training data (JSON lines, JSON, CSV, Parquet, a save_to_disk folder, or a "
                                       "hub dataset in the local cache): plans for its sample lengths and batching.")
     text_field: str | None = option(help="The dataset's text column (default: a chat 'messages' column rendered by "
-                                         "the tokenizer's chat template, else 'text').")
-    tokenizer: str | None = option(help="Tokenizer folder or cached hub id for --dataset (default: the model's).")
+                                         "the tokenizer's chat template, else 'text'); a pre-tokenised "
+                                         "'input_ids' column is counted as it is.")
+    tokenizer: str | None = option(help="Tokenizer folder or cached hub id for --dataset (default: the model's; none "
+                                        "for a pre-tokenised set).")
     max_length: int | None = option(help="Truncate --dataset's samples to this many tokens (default: the model's "
                                          "maximum).", gt=0, le=LIMITS.seq_len, strict=True)
     epochs: float | None = option(help="Passes over --dataset: the run's length when --train-steps and "

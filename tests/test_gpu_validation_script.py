@@ -1,4 +1,4 @@
-"""benchmarks/gpu_validation.py, the planner's only out-of-sample test on a GPU, kept runnable without one: its dry
+"""benchmarks/gpu_validation.py, the planner's check on a lent GPU, kept runnable without one: its dry
 run writes one JSON line per configuration and evidence files in the shape benchmarks/report.py reads; a measured
 configuration's evidence rows carry the facts they used and name the results file as trainplan's results are keyed;
 the edge search and the time budget. With CUDA, one real configuration."""

@@ -73,7 +73,7 @@ def test_the_bound_is_the_widest_disagreement_between_the_h100_sources():
     assert sources_disagree() == pytest.approx(236.3 / 176.62, rel=1e-12)
 
 
-#: Out-of-sample shapes the model misses the bound on today, a product defect in planner/speed/kernels.py listed so
+#: Shapes of the sweep (no fact is fitted to it) the model misses the bound on today, a product defect in planner/speed/kernels.py listed so
 #: that any change shows: the 19 with fewer 128x128 output tiles than the H100's 132 SMs (768x768xK, 512x1024x1024,
 #: ...) run 1.4-2.2x faster than modelled, cuBLAS splitting K (split-K / stream-K), which `gemm_efficiency` does not
 #: model; 8192x8192x512 and 512x8192x8192 run 1.4x slower (a short K loop, a short M). The constants chosen on XLA's
