@@ -75,6 +75,30 @@ def test_no_function_over_50_lines():
     assert not long, long
 
 
+#: The public entry points, whose keywords are the flags (planner.PlanRequest, MemoryRequest); the CLI's is generated.
+ENTRY_POINTS = {"plan", "estimate_memory", "main_command"}
+
+
+def parameters_of(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Parameters a caller can pass: self and cls not counted; *args and **kwargs one each."""
+    a = node.args
+    named = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs) if x.arg not in ("self", "cls")]
+    return len(named) + bool(a.vararg) + bool(a.kwarg)
+
+
+def test_no_function_but_the_entry_points_takes_over_8_parameters():
+    many = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({parameters_of(node)})"
+            for path in library_files() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in ENTRY_POINTS
+            and parameters_of(node) > 8]
+    assert not many, many
+
+
+def test_the_parameter_count_counts_what_a_caller_passes():
+    tree = ast.parse("class A:\n    def f(self, a, /, b, *c, d, **e): pass\n")
+    assert parameters_of(next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))) == 5
+
+
 def test_no_path_outside_the_repository():
     pattern = re.compile(r"""['"](\.\./shared|/work/|/root/)""")
     offenders = [f"{p.relative_to(ROOT)}:{i}" for folder in (*LIBRARY, "benchmarks", "tests")

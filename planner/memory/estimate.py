@@ -156,10 +156,11 @@ class Evaluation:
         spec = self.resolved.spec
         frozen = spec.frozen_bytes(cfg.frozen_weight_bytes()) if ADAPTER[spec.adapter].trains_adapters else None
         facts.record(*(NF4_FACTS if spec.quantized_parameters else ()))  # the spec's 4-bit bytes, computed once
-        return states.states_for(cfg, spec.parameters, spec.trainable_parameters, self.optimizer,
-                                 gpus_per_node=self.gpus_per_node, largest_layer=spec.largest_layer_parameters,
-                                 adafactor_elements=self.adafactor_elements(), block_parameters=spec.block_parameters,
-                                 frozen_bytes=frozen)
+        counts = states.ParameterCounts(spec.parameters, spec.trainable_parameters,
+                                        largest_layer=spec.largest_layer_parameters,
+                                        block_parameters=spec.block_parameters,
+                                        adafactor_elements=self.adafactor_elements(), frozen_bytes=frozen)
+        return states.states_for(cfg, counts, self.optimizer, gpus_per_node=self.gpus_per_node)
 
     def adafactor_elements(self) -> int:
         if not OPTIMIZER[self.optimizer].factored:

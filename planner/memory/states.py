@@ -76,28 +76,42 @@ def adafactor_state_elements(shapes) -> int:
     return total
 
 
-def model_states(
-    parameters: int, trainable: int, *, precision: str, optimizer: str, zero_stage: int = 0,
-    offload: str = NO_OFFLOAD, world_size: int = 1, gpus_per_node: int | None = None,
-    largest_layer: int = 0, adafactor_elements: int = 0, engine: str | None = None, block_parameters: int = 0,
-) -> ModelStates:
-    """Per-GPU model states for one configuration, by keyword (see `states_for`)."""
-    validate_choice(precision, optimizer, zero_stage, offload, engine)
-    cfg = Config(micro_batch=1, grad_accum=1, world_size=world_size, precision=precision,
-                 checkpointing=NO_CHECKPOINTING, zero_stage=zero_stage, offload=offload, engine=engine)
-    return states_for(cfg, parameters, trainable, optimizer, gpus_per_node=gpus_per_node, largest_layer=largest_layer,
-                      adafactor_elements=adafactor_elements, block_parameters=block_parameters)
+@dataclass(frozen=True)
+class ParameterCounts:
+    """What a model's states are sized by: its parameters and the trainable share, the largest layer (ZeRO-3
+    gathers it whole), one block's parameters (FSDP gathers block by block), Adafactor's factored state elements,
+    and `frozen_bytes`: the frozen parameters' bytes as stored when adapters train (a 16-bit or 4-bit base,
+    `ModelSpec.frozen_bytes`), None where every parameter is in the working width."""
+
+    parameters: int
+    trainable: int
+    largest_layer: int = 0
+    block_parameters: int = 0
+    adafactor_elements: int = 0
+    frozen_bytes: int | None = None
 
 
-def states_for(cfg: Config, parameters: int, trainable: int, optimizer: str, *, gpus_per_node: int | None = None,
-               largest_layer: int = 0, adafactor_elements: int = 0, block_parameters: int = 0,
-               frozen_bytes: int | None = None) -> ModelStates:
-    """Per-GPU model states of `cfg` (see the module docstring for each engine). `frozen_bytes`: the frozen
-    parameters' bytes as stored when adapters train (a 16-bit or 4-bit base, `ModelSpec.frozen_bytes`), the adapters
-    then fp32 whatever the precision (peft's `autocast_adapter_dtype`, planner/models/adapters.py `cast_mixed`);
-    None: every parameter in the working width. DeepSpeed keeps all weights 16-bit either way."""
+def model_states(parameters: int, trainable: int, *, optimizer: str, gpus_per_node: int | None = None,
+                 largest_layer: int = 0, adafactor_elements: int = 0, block_parameters: int = 0,
+                 **choice) -> ModelStates:
+    """Per-GPU model states by keyword (see `states_for`); `choice` holds `Config` fields (precision, zero_stage,
+    offload, world_size, engine). Raises ValueError naming a bad value or combination."""
+    choice = {"world_size": 1, "zero_stage": 0, "offload": NO_OFFLOAD, **choice}
+    validate_choice(choice.get("precision"), optimizer, choice["zero_stage"], choice["offload"], choice.get("engine"))
+    cfg = Config(micro_batch=1, grad_accum=1, checkpointing=NO_CHECKPOINTING, **choice)
+    counts = ParameterCounts(parameters, trainable, largest_layer=largest_layer, block_parameters=block_parameters,
+                             adafactor_elements=adafactor_elements)
+    return states_for(cfg, counts, optimizer, gpus_per_node=gpus_per_node)
+
+
+def states_for(cfg: Config, counts: ParameterCounts, optimizer: str, *, gpus_per_node: int | None = None
+               ) -> ModelStates:
+    """Per-GPU model states of `cfg` (see the module docstring for each engine). With adapters (`frozen_bytes`
+    given) the adapters are fp32 whatever the precision (peft's `autocast_adapter_dtype`,
+    planner/models/adapters.py `cast_mixed`); DeepSpeed keeps all weights 16-bit either way."""
+    parameters, trainable, frozen_bytes = counts.parameters, counts.trainable, counts.frozen_bytes
     adapters = not cfg.sharded and frozen_bytes is not None  # peft keeps the trainable parameters in fp32
-    optim = optimizer_state_bytes(optimizer, trainable, adafactor_elements,
+    optim = optimizer_state_bytes(optimizer, trainable, counts.adafactor_elements,
                                   FP32_BYTES if adapters else cfg.state_width())
     if adapters:
         return ModelStates(parameters=FP32_BYTES * trainable + frozen_bytes, gradients=FP32_BYTES * trainable,
@@ -107,9 +121,8 @@ def states_for(cfg: Config, parameters: int, trainable: int, optimizer: str, *, 
                            optimizer_states=optim)
     per_node = gpus_per_node or cfg.world_size
     if cfg.engine == FSDP:
-        return _fsdp_states(cfg, parameters, trainable, optim, per_node, block_parameters or largest_layer,
-                            frozen_bytes)
-    return _deepspeed_states(cfg, parameters, trainable, optim, per_node, largest_layer)
+        return _fsdp_states(cfg, counts, optim, per_node)
+    return _deepspeed_states(cfg, parameters, trainable, optim, per_node, counts.largest_layer)
 
 
 def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, largest_layer) -> ModelStates:
@@ -147,7 +160,7 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
                        host_tensors=int(host))
 
 
-def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block, frozen_bytes=None) -> ModelStates:
+def _fsdp_states(cfg: Config, counts: ParameterCounts, optim_fp32: int, per_node: int) -> ModelStates:
     """FSDP2 (`fully_shard`): each rank keeps its shard of the fp32 parameters, of their gradients and of the
     optimizer states; the working copy (16-bit under a MixedPrecisionPolicy) is all-gathered per block. FULL_SHARD
     (stage 3) frees a block's gathered weights after its forward and backward, so about two blocks live
@@ -155,7 +168,8 @@ def _fsdp_states(cfg: Config, parameters, trainable, optim_fp32, per_node, block
     to the backward. CPU offload (CPUOffloadPolicy) keeps the shards and the optimizer step in host memory
     (torch/distributed/fsdp/_fully_shard/_fully_shard.py, `fully_shard` docstring)."""
     world, width = cfg.world_size, cfg.weight_bytes()
-    stored = FP32_BYTES * parameters if frozen_bytes is None else FP32_BYTES * trainable + frozen_bytes
+    parameters, trainable, block = counts.parameters, counts.trainable, counts.block_parameters or counts.largest_layer
+    stored = FP32_BYTES * parameters if counts.frozen_bytes is None else FP32_BYTES * trainable + counts.frozen_bytes
     shard = stored // world
     # FSDP gathers over the data-parallel ranks only: a tensor-parallel rank holds 1/tp of every gathered weight
     gathered = (facts.get("fsdp.gathered_blocks") * block * width if cfg.zero_stage == 3 else parameters * width) // (
