@@ -179,8 +179,9 @@ def resolve_job(request: PlanRequest, hardware: Hardware, progress: Callable | N
 
 
 def dataset_lengths(request: PlanRequest, spec, progress: Callable | None) -> DataLengths:
-    """The dataset tokenised with its tokenizer (--tokenizer, else the model's folder or hub id in the local cache),
-    truncated at --max-length (else the model's maximum)."""
+    """The dataset's sample lengths in tokens (its `input_ids` where it is pre-tokenised, else tokenised with
+    --tokenizer or the model's folder or hub id in the local cache), truncated at --max-length (else the model's
+    maximum)."""
     tokenizer = request.tokenizer or (str(request.model) if spec.source == "folder" else spec.name)
     report = (lambda done, total: progress(f"tokenizing {done:,} of {total:,} rows")) if progress else None
     lengths = load_lengths(request.dataset, tokenizer=tokenizer, text_field=request.text_field,
