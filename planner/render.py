@@ -93,13 +93,20 @@ def summary(plan, explain: bool = False) -> Panel:
         lines[0] += f", hidden {m.hidden}, vocab {m.vocab}"
         at = 3 + len(_trained(m))
         lines[at:at] = [f"network {h.network_Gbps:g} Gb/s per GPU, {escape(h.network_source)}"] if h.nodes > 1 else []
-        lines += step_breakdown(tp, cfg.grad_accum)
+        lines += step_breakdown(tp, cfg.grad_accum) + _accuracy(plan)
     if plan.lr.learning_rate is not None:
         lines.append(f"learning rate {plan.lr.learning_rate:.3g} = {plan.lr.base_lr:.3g} x {plan.lr.factor:.3g} "
                      f"({plan.lr.scaling} scaling from batch {plan.lr.reference_batch})")
     body = Group(Text.from_markup("\n".join(lines)), Text(""),
                  memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
     return Panel(body, title="trainplan", border_style="green")
+
+
+def _accuracy(plan) -> list[str]:
+    """How far predictions like this plan's have been from measured runs (docs/accuracy.md)."""
+    bars = [(what, bar) for what, bar in (("peak memory", plan.memory_error), ("speed", plan.throughput_error)) if bar]
+    return [f"{what} on {bar.rows} measured runs like it: median {bar.median:.1%} off, 9 in 10 within {bar.p90:.1%} "
+            "(docs/accuracy.md)" for what, bar in bars]
 
 
 def _data(plan) -> list[str]:

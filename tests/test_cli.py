@@ -220,6 +220,17 @@ def test_the_plan_says_where_its_step_time_goes():
     assert f"step = {accum} micro-steps x" in " ".join(text.split()) and parts["bound"] in text
 
 
+def test_explain_says_how_far_plans_like_this_have_been_from_measured_runs():
+    result = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--json")
+    errors = json.loads(result.stdout)
+    memory, speed = errors["memory"]["error"], errors["throughput"]["error"]
+    text = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB",
+                                                           "--explain"]).output
+    for what, bar in (("peak memory", memory), ("speed", speed)):
+        assert (f"{what} on {bar['rows']} measured runs like it: median {bar['median']:.1%} off, 9 in 10 within "
+                f"{bar['p90']:.1%}") in text
+
+
 def test_the_step_breakdown_names_what_binds_and_only_the_parts_there_are():
     from planner.render import step_breakdown
     from planner.speed.step import StepParts
