@@ -427,7 +427,8 @@ def main() -> int:
     judged += torchtitan_rows()
     rows = [j.row for j in judged]
     path = evidence.write_results(
-        NAME, rows, kind="memory", metric=METRIC_TEXT + "; by program: " + _by_program(rows), stack=_stack(), command=command, out=args.out / f"{NAME}.json",
+        NAME, rows, kind="memory", metric=METRIC_TEXT + "; by program: " + _by_program(rows), stack=_stack(),
+        command=command, out=args.out / f"{NAME}.json",
         cannot_show="a run of the HF Trainer (no row here ran one: the docs' tables are HF model code in their own "
                     "loop, the rest other stacks' code); how far these rows stand for other models: the HF-code rows "
                     "are three small models from one script's tables, which are also the rows the tracer's "

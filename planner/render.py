@@ -86,7 +86,8 @@ def summary(plan, explain: bool = False) -> Panel:
              f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
              f"{cfg.global_batch}[/]",
              f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
-             + offload + (", [bold]torch.compile[/]" if cfg.compiled else "") + (", [bold]Liger[/]" if cfg.liger else ""),
+             + offload + (", [bold]torch.compile[/]" if cfg.compiled else "")
+             + (", [bold]Liger[/]" if cfg.liger else ""),
              _speed_line(tp, plan.throughput_error),
              _closeness(c.memory, h)]
     if explain:
@@ -466,9 +467,9 @@ NOTE_TEXT = {
                                       f"experts ({v['experts'] / 1e9:.1f}B), which bitsandbytes does not quantise."),
     "liger": lambda v: (f"Liger-Kernel: the Trainer's use_liger_kernel patches {v['patches']} ({v['source']})"
                         + (f"; traced as the model's own: {v['unmodelled']}" if v["unmodelled"] else "") + "."),
-    "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not installed "
-                                  "here, so --liger auto did not weigh it: pip install \"trainplan[liger]\", or "
-                                  "--liger on to plan with it."),
+    "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
+                                  "installed here, so --liger auto did not weigh it: pip install \"trainplan[liger]\", "
+                                  "or --liger on to plan with it."),
     "qlora-ddp-only": lambda v: f"Only DDP was planned: {v['problem']}.",
     "qlora-prepare": lambda v: ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps "
                                 "the unquantised weights 16-bit. peft's prepare_model_for_kbit_training (TRL's "

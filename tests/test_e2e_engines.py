@@ -67,7 +67,8 @@ def allowed_error(case: str, model: Path, world_size: int) -> int:
     over half says one may have been. Nothing else is allowed for: on the CPU the measured peak is exact to the byte
     (the live-storage tracker counts every tensor storage the run's ops create, as the trace behind the estimate
     does) and holds none of what a GPU adds (the caching allocator's rounding and slack, the CUDA context, NCCL's
-    buffers), which estimate_memory(device="cpu") leaves out too. The parameters are transformers' own count of the model the case trains (its head; LoRA's frozen base)."""
+    buffers), which estimate_memory(device="cpu") leaves out too. The parameters are transformers' own count of the
+    model the case trains (its head; LoRA's frozen base)."""
     import torch
     import transformers
 
