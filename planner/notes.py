@@ -11,6 +11,18 @@ from pydantic import BaseModel, ConfigDict
 Value = int | float | str | bool | None
 
 
+class _Record(BaseModel):
+    """A kind and the numbers (and names) its sentence is made of; subclasses type `kind` by their table."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    values: dict[str, Value] = {}
+
+    def __getitem__(self, name: str) -> Value:
+        return self.values[name]
+
+
 @dataclass(frozen=True)
 class NoteInfo:
     doc: str
@@ -56,16 +68,10 @@ NOTE: dict[str, NoteInfo] = {
 NoteKind = Literal[tuple(NOTE)]  # type: ignore[valid-type]
 
 
-class Note(BaseModel):
+class Note(_Record):
     """One note: its kind and the numbers (and names) its sentence is made of."""
 
-    model_config = ConfigDict(frozen=True)
-
     kind: NoteKind
-    values: dict[str, Value] = {}
-
-    def __getitem__(self, name: str) -> Value:
-        return self.values[name]
 
     @property
     def actionable(self) -> bool:
@@ -123,16 +129,10 @@ LEVER: dict[str, str] = {
 LeverKind = Literal[tuple(LEVER)]  # type: ignore[valid-type]
 
 
-class Lever(BaseModel):
+class Lever(_Record):
     """One suggestion of what would fit: its kind and numbers."""
 
-    model_config = ConfigDict(frozen=True)
-
     kind: LeverKind
-    values: dict[str, Value] = {}
-
-    def __getitem__(self, name: str) -> Value:
-        return self.values[name]
 
 
 def lever(kind: str, **values: Value) -> Lever:
