@@ -110,6 +110,11 @@ class Verdict(BaseModel):
     def fits(self) -> bool:
         return self.kind == "fits"
 
+    @classmethod
+    def of_peak(cls, peak: int, budget: int, method: str) -> Verdict:
+        """Fits or not: a peak against the budget, and how the peak was had (render.py says how sure that is)."""
+        return cls(kind="fits" if peak <= budget else "over", peak=peak, budget=budget, method=method)
+
 
 #: What would fit when nothing does.
 LEVER: dict[str, str] = {

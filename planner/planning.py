@@ -342,7 +342,7 @@ def hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate
     if precision != AUTO:
         return []
     return [Candidate(config=first.config.model_copy(update={"precision": p}), memory=None, throughput=None,
-                      fits=False, verdict=Verdict(kind="hardware", problem=problem))
+                      verdict=Verdict(kind="hardware", problem=problem))
             for p, info in PRECISION.items() if info.in_auto and (problem := gpu.cannot_run(p))]
 
 

@@ -164,8 +164,7 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
                                     "method": "probe-calibrated",
                                     "terms": mem.terms.model_copy(update={"allocator_slack": slack,
                                                                           "error_margin": 0})})
-    verdict = Verdict(kind="fits" if peak <= budget else "over", peak=peak, budget=budget, method=memory.method)
-    return cand.model_copy(update={"memory": memory, "fits": verdict.fits, "verdict": verdict})
+    return cand.model_copy(update={"memory": memory, "verdict": Verdict.of_peak(peak, budget, memory.method)})
 
 
 def speed_calibrations_from(measured: dict) -> dict[str, SpeedCalibration]:
@@ -240,7 +239,7 @@ def _rerank(plan, measured: dict, records: list[ProbeRecord]):
 
 def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     if result.status == OOM:
-        return cand.model_copy(update={"fits": False, "verdict": Verdict(kind="probe-oom")})
+        return cand.model_copy(update={"verdict": Verdict(kind="probe-oom")})
     if result.status != OK:
         return cand
     mem = cand.memory
@@ -261,6 +260,5 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     throughput = ThroughputInfo(tokens_per_s=tokens_per_step / step_s, samples_per_s=cfg.global_batch / step_s,
                                 mfu=model_tp.mfu * (model_tp.step_time_s / step_s), step_time_s=step_s,
                                 source=source)
-    verdict = Verdict(kind="fits" if peak <= budget else "over", peak=peak, budget=budget, method=memory.method)
-    return cand.model_copy(update={"memory": memory, "throughput": throughput, "fits": verdict.fits,
-                                   "verdict": verdict})
+    return cand.model_copy(update={"memory": memory, "throughput": throughput,
+                                   "verdict": Verdict.of_peak(peak, budget, memory.method)})

@@ -180,8 +180,8 @@ class MemoryEvaluator:
 
 
 def judge(mem: MemoryEstimate, budget: int) -> Verdict:
-    """Fits or not: the peak against the budget, and how the peak was had (render.py says how sure that is)."""
-    return Verdict(kind="fits" if mem.peak <= budget else "over", peak=mem.peak, budget=budget, method=mem.method)
+    """Fits or not: the estimate's peak against the budget (`Verdict.of_peak`)."""
+    return Verdict.of_peak(mem.peak, budget, mem.method)
 
 
 def rank(fitting: list[Candidate]) -> list[Candidate]:
@@ -221,20 +221,18 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
         model_states = evaluator.states(cfg)
         if host_budget and model_states.cpu_bytes > host_budget:
             verdict = Verdict(kind="host-over", peak=model_states.cpu_bytes, budget=host_budget)
-            results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
-                                     verdict=verdict))
+            results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, verdict=verdict))
             continue
         if model_states.total > budget:
             verdict = Verdict(kind="states-over", peak=model_states.total, budget=budget)
-            results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, fits=False,
-                                     verdict=verdict))
+            results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, verdict=verdict))
             continue
         contender = best_speed is None or speed.useful_tokens_per_s * facts.get("search.speed_tie") >= best_speed
         mem = _evaluate(cfg, evaluator, budget, contender)
         verdict = judge(mem, budget)
         if verdict.fits and best_speed is None:
             best_speed = speed.useful_tokens_per_s
-        results.append(Candidate(config=cfg, memory=mem, throughput=speed, fits=verdict.fits, verdict=verdict))
+        results.append(Candidate(config=cfg, memory=mem, throughput=speed, verdict=verdict))
     fitting = rank([c for c in results if c.fits])
     rest = [c for c in results if not c.fits]
     return fitting + rest

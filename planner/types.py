@@ -28,10 +28,13 @@ class Candidate(BaseModel):
     config: Config
     memory: MemoryEstimate | None
     throughput: ThroughputInfo | None
-    fits: bool
     verdict: Verdict
     learning_rate: float | None = None   # the LR this candidate would train with (None without --lr)
     lr_scaling: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict.fits
 
     @property
     def reason(self) -> str:

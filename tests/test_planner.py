@@ -220,8 +220,7 @@ def _ranked(label: str, tokens_per_s: float, **kw) -> Candidate:
                 offload="none", world_size=1)
     args.update(kw)
     speed = ThroughputInfo(tokens_per_s=tokens_per_s, samples_per_s=1.0, mfu=0.1, step_time_s=1.0)
-    return Candidate(config=Config(**args), memory=None, throughput=speed, fits=True,
-                     verdict=Verdict(kind="fits", problem=label))
+    return Candidate(config=Config(**args), memory=None, throughput=speed, verdict=Verdict(kind="fits", problem=label))
 
 
 def test_a_simpler_candidate_within_the_speed_tie_goes_first():

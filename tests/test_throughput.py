@@ -183,7 +183,7 @@ def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model", 
     parts = speed_step.StepParts(compute=compute, optimizer=optimizer)
     tp = ThroughputInfo(tokens_per_s=1000.0 / (compute + optimizer), samples_per_s=1.0, mfu=0.3,
                         step_time_s=compute + optimizer, source=source, parts=parts)
-    return Candidate(config=cfg, memory=None, throughput=tp, fits=True, verdict=Verdict(kind="fits"))
+    return Candidate(config=cfg, memory=None, throughput=tp, verdict=Verdict(kind="fits"))
 
 
 def test_probes_calibrate_the_speed_of_unprobed_candidates():
