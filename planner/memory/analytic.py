@@ -76,7 +76,10 @@ def block_bytes_per_token(spec: ModelSpec, w: Widths, seq_len: int, attention: s
     mlp_inner = (4 if spec.gated_mlp else 2) * w.matmul * f * experts
     dropout = 2 * facts.get("activations.dropout_mask_bytes") * h if spec.hidden_dropout > 0 else 0
     if CHECKPOINTING[checkpointing].per_op_policy:  # matmul and attention outputs only
-        return (w.matmul * (h + 2 * h / tp + (3 * f if spec.gated_mlp else f) * experts / tp)
+        # a mixture's experts run as torch._grouped_mm (transformers' default), which the policy recomputes
+        # (planner/program/step.py `_SAC_SAVE`, torchtitan's list): only a dense MLP's matmul outputs stay
+        mlp_saved = 0 if spec.num_experts > 1 else (3 * f if spec.gated_mlp else f)
+        return (w.matmul * (h + 2 * h / tp + mlp_saved / tp)
                 + (seq_len * a * w.matmul if KERNEL[attention].saves_scores else attn_kernel) / tp)
     return norms + qkv_in + mlp_in + dropout + (q_k_v + attn_kernel + out_in + mlp_inner) / tp
 
@@ -91,7 +94,7 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
     patches = patches_of(spec.model_type, spec.task) if liger else None
     per_block = block_bytes_per_token(spec, w, seq_len, attention, checkpointing, tp)
     if patches is not None:
-        per_block -= liger_block_savings(spec, w, patches)
+        per_block -= liger_block_savings(spec, w, patches, checkpointing, tp)
     info = CHECKPOINTING[checkpointing]
     if info.enabled and not info.per_op_policy:  # full: block inputs, plus one block's activations in recompute
         blocks = spec.layers * w.residual * spec.hidden * tokens + per_block * tokens
@@ -112,13 +115,16 @@ def activation_bytes(spec: ModelSpec, *, micro_batch: int, seq_len: int, activat
             "autocast_weight_copies": int(copies)}
 
 
-def liger_block_savings(spec: ModelSpec, w: Widths, patches) -> float:
+def liger_block_savings(spec: ModelSpec, w: Widths, patches, checkpointing: str, tp: int = 1) -> float:
     """Bytes per token a block saves less with Liger's kernels, as its traced stand-ins measure it
-    (tests/test_liger.py): each of the two RMSNorms keeps its input and a per-row fp32 RSTD instead of fp32 copies
-    (4 bytes x hidden each), and the gated MLP recomputes its activation instead of saving it."""
+    (tests/test_liger.py): each of the two RMSNorms keeps its input and a per-row fp32 RSTD instead of the copies
+    `block_bytes_per_token` counts (fp32 under autocast; whole on every tensor-parallel rank), and the gated MLP recomputes its activation instead
+    of saving it (1/tp of it per rank). Selective checkpointing keeps neither in the first place: nothing to save."""
+    if CHECKPOINTING[checkpointing].per_op_policy:
+        return 0.0
     experts = spec.experts_per_token if spec.num_experts > 1 else 1
-    norms = 2 * LOSS_FP32_BYTES * spec.hidden if patches.norms is not None else 0
-    mlp = w.matmul * spec.ffn * experts if patches.modelled_mlp is not None and spec.gated_mlp else 0
+    norms = 2 * w.kept * spec.hidden if patches.norms is not None else 0  # at most what the formula counts
+    mlp = w.matmul * spec.ffn * experts / tp if patches.modelled_mlp is not None and spec.gated_mlp else 0
     return norms + mlp
 
 
@@ -141,3 +147,23 @@ def tensor_parallel_share(workload, cfg) -> float:
                               tp=tp, liger=cfg.liger)
              for tp in (1, cfg.tensor_parallel)]
     return sum(terms[1].values()) / max(1, sum(terms[0].values()))
+
+
+#: Activation terms a tensor-parallel rank keeps whole: the gathered logits and the embeddings' output.
+WHOLE_ON_EVERY_RANK = ("logits_and_loss", "embeddings")
+
+
+def tensor_parallel_activations(workload, cfg, whole: float) -> float:
+    """A tensor-parallel rank's activations from the unsplit model's `whole` (traced or calibrated): the terms every
+    rank keeps whole as these formulas count them, and the rest of `whole` (the blocks, autocast's weight copies)
+    scaled by the formulas' share of it that one rank keeps. A single ratio over the total would split the logits
+    too, which transformers gathers whole on every rank."""
+    req = workload.request(cfg)
+    terms = [activation_bytes(workload.spec, micro_batch=cfg.micro_batch, seq_len=workload.seq_len,
+                              activations=req.activations, attention=req.attention, checkpointing=cfg.checkpointing,
+                              tp=tp, liger=cfg.liger)
+             for tp in (1, cfg.tensor_parallel)]
+    kept = [sum(t[k] for k in WHOLE_ON_EVERY_RANK) for t in terms]
+    split = [sum(t.values()) - k for t, k in zip(terms, kept)]
+    return kept[1] + max(0.0, whole - kept[0]) * (split[1] / split[0] if split[0] > 0 else 1.0)
+

@@ -29,6 +29,8 @@ _ATTENTION_BACKWARD = ("_scaled_dot_product_flash_attention_backward",
                        "_scaled_dot_product_flash_attention_for_cpu_backward",
                        "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward",
                        "_efficient_attention_backward")
+#: grouped GEMMs (one per expert of a mixture): `OpRecorder._grouped_matmul`
+_GROUPED_MATMULS = ("_grouped_mm", "grouped_mm")
 _FREE = {"detach", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
          "slice", "as_strided", "alias", "split", "split_with_sizes", "unbind", "chunk", "narrow", "reshape",
          "empty", "empty_like", "new_empty", "_reshape_alias", "lift_fresh", "diagonal", "view_as_real",
@@ -212,6 +214,8 @@ class OpRecorder(TorchDispatchMode):
         self.profile.count(PY_KERNELS if python else ENGINE_KERNELS)
         if name in _MATMULS:
             self._matmul(name, args)
+        elif name in _GROUPED_MATMULS:
+            self._grouped_matmul(args)
         elif name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
             self._attention(func, name, args, kwargs, out)
         else:
@@ -248,6 +252,27 @@ class OpRecorder(TorchDispatchMode):
         key = f"{batch},{m},{n},{k},{_dtype_class(a.dtype)},{self.phase},{scaled}"
         self.profile.matmuls[key] = self.profile.matmuls.get(key, 0.0) + 1
 
+    def _grouped_matmul(self, args) -> None:
+        """torch._grouped_mm, as transformers' default `grouped_mm` experts run a mixture of experts
+        (transformers/integrations/moe.py `grouped_mm_experts_forward`): one GEMM per group (expert), the rows a
+        group gets taken as equal (tokens x top-k / experts). The layouts are torch's (aten/src/ATen/native/cuda/
+        GroupedBlas.cpp): 2D x 3D splits the rows of the first operand by `offs` (forward, input gradient), 2D x 2D
+        splits the inner dimension (the weight gradient), 3D x 3D is a plain batch."""
+        a, b = args[0], args[1]
+        if a.dim() == 2 and b.dim() == 3:
+            groups = b.shape[0]
+            dims, scaled = (groups, a.shape[0] / groups, b.shape[-1], a.shape[1]), "0100"
+        elif a.dim() == 2 and b.dim() == 2:
+            groups = args[2].shape[0]
+            dims, scaled = (groups, a.shape[0], b.shape[1], a.shape[1] / groups), "0001"
+        elif a.dim() == 3 and b.dim() == 2:
+            groups = a.shape[0]
+            dims, scaled = (groups, a.shape[1], b.shape[1] / groups, a.shape[2]), "0010"
+        else:
+            dims, scaled = (a.shape[0], a.shape[1], b.shape[-1], a.shape[2]), "0000"
+        key = f"{dims[0]},{dims[1]:g},{dims[2]:g},{dims[3]:g},{_dtype_class(a.dtype)},{self.phase},{scaled}"
+        self.profile.matmuls[key] = self.profile.matmuls.get(key, 0.0) + 1
+
     def _attention(self, func, name, args, kwargs, out) -> None:
         tensors = _tensors(args)
         if "backward" in name:
@@ -278,13 +303,17 @@ def analytic_profile(spec, seq_len: int, checkpointing: str) -> tuple[Profile, i
     per_token_h = facts.get("analytic_profile.bytes_per_token_h")
     block_kernels = facts.get("analytic_profile.kernels_per_block")
     kv = spec.kv_heads * spec.head_dim
-    gemms = [(h, h + 2 * kv), (h, h), (h, spec.ffn * (2 if spec.gated_mlp else 1)), (spec.ffn, h)]
+    # (groups, rows per group, k, n): a mixture's MLP runs one GEMM per expert over tokens x top-k / experts rows
+    experts = spec.num_experts if spec.num_experts > 1 else 1
+    rows = t * (spec.experts_per_token if experts > 1 else 1) / experts
+    gemms = [(1, t, h, h + 2 * kv), (1, t, h, h), (experts, rows, h, spec.ffn * (2 if spec.gated_mlp else 1)),
+             (experts, rows, spec.ffn, h)]
     info = CHECKPOINTING[checkpointing]
     forwards = 1.0 + (1.0 if info.enabled and not info.per_op_policy else 0.5 if info.per_op_policy else 0.0)
     for phase, passes in (("forward", forwards), ("backward", 1.0)):
-        for k, n in gemms:
-            for key in ([f"1,{t},{n},{k},{HALF},{phase},0100"] if phase == "forward" else
-                        [f"1,{t},{k},{n},{HALF},{phase},0100", f"1,{k},{n},{t},{HALF},{phase},0001"]):
+        for b, m, k, n in gemms:
+            for key in ([f"{b},{m:g},{n},{k},{HALF},{phase},0100"] if phase == "forward" else
+                        [f"{b},{m:g},{k},{n},{HALF},{phase},0100", f"{b},{k},{n},{m:g},{HALF},{phase},0001"]):
                 profile.matmuls[key] = profile.matmuls.get(key, 0.0) + passes * spec.layers
         flops = 4.0 * spec.heads * t * t * spec.head_dim * (passes if phase == "forward" else 2.5) * spec.layers
         profile.attention[f"{HALF},{phase}"] = [flops, 4.0 * t * h * 2 * spec.layers, 0.0, passes * spec.layers]
