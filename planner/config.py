@@ -208,6 +208,11 @@ class Config(BaseModel):
         return " / ".join(str(x) for x in family)
 
     # --- ranking and display
+    def structure(self) -> int:
+        """Moving parts of the training program's structure: a sharding engine over DDP, offload, tensor
+        parallelism (what `search.rank` prefers fewer of unless the speed model can tell them apart)."""
+        return int(self.sharded) + OFFLOAD[self.offload].moving_parts + int(self.tensor_parallel > 1)
+
     def complexity(self) -> int:
         """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, compilation."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts

@@ -38,6 +38,8 @@ NOTE: dict[str, NoteInfo] = {
     "no-tp-size": NoteInfo("no tensor-parallel size divides the model's key/value heads", False),
     "tensor-parallel": NoteInfo("the plan uses tensor parallelism: how to load the model for it", True),
     "no-pipeline": NoteInfo("pipeline parallelism is not planned", False),
+    "simpler": NoteInfo("a configuration with more moving parts was predicted faster, by less than the model can tell",
+                        True),
     "host-assumed": NoteInfo("offload was checked against assumed host RAM", True),
     "moe-zero3": NoteInfo("a mixture of experts under ZeRO-3: prepare marks its expert blocks as leaves", True),
     "lora-fused-parameters": NoteInfo("peft adapts fused expert weights as parameters, without dropout", True),
@@ -90,8 +92,32 @@ VERDICT: dict[str, str] = {
     "host-over": "its offload needs more host RAM than a node has",
     "hardware": "the GPU cannot run its precision or kernel",
     "probe-oom": "a probe ran out of memory",
+    "invalid": "an internal error: its numbers break physics (`violations` says which rule and by how much)",
 }
 VerdictKind = Literal[tuple(VERDICT)]  # type: ignore[valid-type]
+
+#: The physics every candidate's numbers obey (planner/invariants.py checks them before ranking).
+INVARIANT: dict[str, str] = {
+    "negative": "a memory part or term below zero",
+    "below-states": "a peak below the model states it holds",
+    "peak-order": "peaks out of order: allocated <= reserved <= process <= what must fit",
+    "flops": "the step's executed FLOPs at the predicted speed above the GPU's dense peak",
+    "step-tokens": "tokens/s x step time is not the tokens of a step",
+    "step-samples": "samples/s x step time is not the samples of a step",
+    "micro-batch": "memory falls as the micro-batch grows",
+    "checkpointing": "less recomputation keeps less activation memory (none against full, full against selective)",
+}
+InvariantKind = Literal[tuple(INVARIANT)]  # type: ignore[valid-type]
+
+
+class Violation(_Record):
+    """One broken invariant: its kind and the numbers that break it."""
+
+    kind: InvariantKind
+
+
+def violation(kind: str, **values: Value) -> Violation:
+    return Violation(kind=kind, values=values)
 
 
 class Verdict(BaseModel):
@@ -105,6 +131,7 @@ class Verdict(BaseModel):
     budget: int = 0
     method: str = ""
     problem: str = ""
+    violations: tuple[Violation, ...] = ()
 
     @property
     def fits(self) -> bool:

@@ -22,7 +22,7 @@ from planner.hardware.efficiency_data import efficiency_of
 from planner.hardware.systems import usual_system
 from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
-from planner.dataset import DatasetLengths, load_lengths, padding_waste
+from planner.dataset import DatasetLengths, load_lengths, mean_length, packing_waste, padding_waste
 from planner.memory.estimate import Evaluation
 from planner.models import ResolvedModel, resolve_model
 from planner.models.build import effective_attention, model_class, samples_kept_apart
@@ -31,7 +31,7 @@ from planner.program.liger import applies, patches_for
 from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 from planner.render import no_fit_message, suggestion_text
 from planner.request import PlanRequest
-from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, search
+from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, search, speed_of
 from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
 from planner.suggest import suggestions
@@ -58,6 +58,17 @@ class Job:
     evaluator: MemoryEvaluator
     speed: SpeedModel | DataSpeed
     data: DataLengths | None = None    # the user's dataset, where given
+    packed_rows: int | None = None     # packed rows per optimizer step (a dataset's packing candidates)
+
+    def run_steps_of(self, cfg: Config) -> int | None:
+        """The run's optimizer steps at `cfg`'s step size (a packed step trains about --batch samples, not exactly)."""
+        if cfg.padding != PACKING or self.data is None:
+            return self.run_steps
+        return self.speed.packed.setup.train_steps
+
+    def samples_per_step(self, cfg: Config) -> float:
+        """The samples of data one optimizer step of `cfg` trains (a packed row holds several)."""
+        return self.speed.step_size(cfg).samples
 
     @property
     def gpu(self) -> hw.GPU:
@@ -158,24 +169,40 @@ class DataLengths:
     def histogram(self):
         return self.lengths.clipped(self.seq_len)
 
+    @property
+    def samples_per_row(self) -> float:
+        """The samples a packed row holds on average: its tokens of data over the mean sample's."""
+        return self.pack_len * (1 - packing_waste(self.histogram, self.pack_len)) / mean_length(self.histogram)
+
+    def packed_rows(self, samples: int, world: int) -> int:
+        """Packed rows per optimizer step that train about `samples` samples: a multiple of the GPUs (every
+        data-parallel split of them divides it), at least one row each."""
+        return world * max(1, round(samples / self.samples_per_row / world))
+
 
 def resolve_job(request: PlanRequest, hardware: Hardware, progress: Callable | None = None) -> Job:
     resolved = resolve_model(request.model, trust_remote_code=request.trust_remote_code, task=request.task,
                              num_labels=request.num_labels, adapter=request.resolved_adapter())
     data = dataset_lengths(request, resolved.spec, progress) if request.dataset else None
     seq_len = data.seq_len if data else _sequence(request.seq_len, resolved.spec)
-    run_steps = _run_steps(request, seq_len, data)
+    batch = request.global_batch
+    run_steps = _run_steps(request, batch, batch * seq_len, data)
 
-    def at(rows: int) -> tuple[Evaluation, SpeedModel]:
+    def at(rows: int, steps: int | None) -> tuple[Evaluation, SpeedModel]:
         evaluation = Evaluation(resolved, seq_len=rows, optimizer=request.optimizer, attention=request.attention,
                                 gpus_per_node=hardware.gpus_per_node, gpu=hardware.entry)
-        return evaluation, SpeedModel(evaluation.workload, hardware.entry, hardware.gpus_per_node, run_steps)
+        return evaluation, SpeedModel(evaluation.workload, hardware.entry, hardware.gpus_per_node, steps)
 
-    evaluation, speed = at(seq_len)
-    packed = at(data.pack_len) if data and data.pack_len != seq_len else (None, None)
+    evaluation, speed = at(seq_len, run_steps)
+    if data is None:
+        return Job(request=request, hardware=hardware, resolved=resolved, seq_len=seq_len, run_steps=run_steps,
+                   evaluator=MemoryEvaluator(evaluation, request.memory_method), speed=speed)
+    rows = data.packed_rows(batch, hardware.gpus_per_node * hardware.nodes)
+    packed = at(data.pack_len, _run_steps(request, rows * data.samples_per_row, rows * data.pack_len, data))
     return Job(request=request, hardware=hardware, resolved=resolved, seq_len=seq_len, run_steps=run_steps,
-               evaluator=MemoryEvaluator(evaluation, request.memory_method, packed[0]), data=data,
-               speed=DataSpeed(speed, data.histogram, seq_len, packed[1]) if data else speed)
+               evaluator=MemoryEvaluator(evaluation, request.memory_method,
+                                         packed[0] if data.pack_len != seq_len else None),
+               data=data, packed_rows=rows, speed=DataSpeed(speed, data.histogram, seq_len, packed[1]))
 
 
 def dataset_lengths(request: PlanRequest, spec, progress: Callable | None) -> DataLengths:
@@ -200,15 +227,16 @@ def _sequence(seq_len: int | None, spec) -> int:
     return s
 
 
-def _run_steps(request: PlanRequest, seq_len: int, data: DataLengths | None) -> int | None:
-    """Optimizer steps of the whole run, from its steps or its tokens, else from the dataset's samples times its
-    epochs (None when nothing says)."""
+def _run_steps(request: PlanRequest, samples_per_step: float, tokens_per_step: float,
+               data: DataLengths | None) -> int | None:
+    """Optimizer steps of the whole run with steps of this size, from its steps or its tokens, else from the dataset's
+    samples times its epochs (None when nothing says)."""
     if request.train_steps is not None:
         return request.train_steps
     if request.train_tokens is not None:
-        return max(1, math.ceil(request.train_tokens / (request.global_batch * seq_len)))
+        return max(1, math.ceil(request.train_tokens / tokens_per_step))
     if data is not None:
-        return max(1, math.ceil(data.lengths.samples * (request.epochs or 1.0) / request.global_batch))
+        return max(1, math.ceil(data.lengths.samples * (request.epochs or 1.0) / samples_per_step))
     return None
 
 
@@ -229,7 +257,7 @@ def search_space(job: Job) -> SearchSpace:
         precisions=_precisions(request.precision, job.gpu, request.attention),
         checkpointing=tuple(CHECKPOINTING) if request.checkpointing is None else (request.checkpointing,),
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
-        micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer,
+        micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer, packed_rows=job.packed_rows,
         adapter=job.spec.adapter, tensor_parallel=tensor_parallel_sizes(job.resolved, hardware.gpus_per_node)[0],
         compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job),
         liger=_liger(job))
@@ -243,8 +271,9 @@ def dataset_summary(job: Job, choice: Config) -> DatasetSummary | None:
     waste = {name: padding_waste(name, data.histogram, choice.micro_batch, max_length=data.pack_len,
                                  mega_batch_mult=None, grad_accum=choice.grad_accum) for name in PADDING}
     row = data.pack_len if choice.padding == PACKING else data.seq_len
+    steps = math.ceil(data.lengths.samples / job.samples_per_step(choice))
     return DatasetSummary(**summary, sampled=data.lengths.sampled_rows, max_length=data.max_length, row_length=row,
-                          padding_waste=waste)
+                          padding_waste=waste, steps_per_epoch=steps)
 
 
 def paddings(job: Job) -> tuple[str | None, ...]:
@@ -379,6 +408,11 @@ def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
                           plain=plain.config.label() if plain else None))
     if job.hardware.nodes > 1 and choice.fits:
         notes.append(note("no-pipeline"))
+    fastest = max((c for c in ranked if c.fits), key=speed_of, default=None)
+    if choice.fits and fastest is not None and fastest.config.structure() > cfg.structure() \
+            and speed_of(fastest) > speed_of(choice):
+        notes.append(note("simpler", other=fastest.config.label(), faster=speed_of(fastest) / speed_of(choice) - 1,
+                          tie=facts.get("search.structure_tie") - 1))
     return notes
 
 
@@ -442,7 +476,7 @@ def _qlora_notes(job: Job) -> list[Note]:
 def _compile_notes(job: Job, choice: Candidate) -> tuple[Note, ...]:
     """torch.compile on the chosen configuration: its modelled step against eager, its compile time and when that
     pays off, and what it saves in memory."""
-    compile_, run_steps = job.request.compile, job.run_steps
+    compile_, run_steps = job.request.compile, job.run_steps_of(choice.config)
     if compile_ == COMPILE_OFF or not choice.fits or choice.throughput is None:
         return ()
     if run_steps is None and compile_ == AUTO:  # tracing the compiled program costs seconds: only when it is weighed
@@ -474,11 +508,15 @@ def measured(draft: Plan, job: Job, measure: Callable, progress, probe_budget_s:
 
 
 def learning_rate(candidate: Candidate, job: Job) -> LearningRate:
-    """The base LR scaled from the batch it was tuned at (`--lr-batch`, which `--lr` needs); without an LR, the factor
-    an LR tuned at micro-batch x GPUs would take (the seed rule: scale by N)."""
+    """The base LR scaled from the batch it was tuned at (`--lr-batch`, which `--lr` needs) to the samples of the
+    candidate's step; without an LR, the factor an LR tuned at micro-batch x GPUs would take (the seed rule: scale by
+    N). Warmup counts the candidate's optimizer steps."""
     request, cfg = job.request, candidate.config
-    ref = request.lr_batch or cfg.micro_batch * cfg.data_parallel
-    d = scale_lr(request.lr, request.global_batch, ref, request.lr_scaling, request.optimizer, job.run_steps)
+    if request.lr_batch:  # samples, like the step's
+        batch, ref = job.samples_per_step(cfg), request.lr_batch
+    else:  # rows, like the step's: a factor of N
+        batch, ref = cfg.global_batch, cfg.micro_batch * cfg.data_parallel
+    d = scale_lr(request.lr, batch, ref, request.lr_scaling, request.optimizer, job.run_steps_of(cfg))
     return LearningRate(learning_rate=d.learning_rate, base_lr=d.base_lr, reference_batch=d.reference_batch,
                         scaling=d.scaling, factor=d.factor, warmup_steps=d.warmup_steps, run_steps=d.run_steps)
 

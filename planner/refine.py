@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from planner.config import Config
 from planner.notes import Verdict, note
-from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, SpeedCalibration, ThroughputInfo
+from planner.speed.step import StepParts
+from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, SpeedCalibration
 from planner.vocab import OK, OOM
 
 MAX_PROBES_PER_FAMILY = 3
@@ -199,12 +200,7 @@ def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
         return cand
     parts = tp.parts.model_copy(update={"compute": tp.parts.compute * calib.micro_step,
                                         "optimizer": tp.parts.optimizer * calib.optimizer_step})
-    step = parts.total
-    ratio = tp.step_time_s / step if step > 0 else 1.0
-    throughput = tp.model_copy(update={"tokens_per_s": tp.tokens_per_s * ratio, "samples_per_s": tp.samples_per_s
-                                       * ratio, "mfu": tp.mfu * ratio, "step_time_s": step, "parts": parts,
-                                       "source": "calibrated"})
-    return cand.model_copy(update={"throughput": throughput})
+    return cand.model_copy(update={"throughput": tp.at_step_time(parts.total, parts=parts, source="calibrated")})
 
 
 def _rerank(plan, measured: dict, records: list[ProbeRecord]):
@@ -256,9 +252,6 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     if result.processes < cfg.world_size:  # ranks measured alone: add what they did not do, the communication
         step_s += model_tp.parts.communication
         source = "probe+model"
-    tokens_per_step = result.tokens_per_s * result.step_time_s * cfg.world_size  # every rank alike
-    throughput = ThroughputInfo(tokens_per_s=tokens_per_step / step_s, samples_per_s=cfg.global_batch / step_s,
-                                mfu=model_tp.mfu * (model_tp.step_time_s / step_s), step_time_s=step_s,
-                                source=source)
+    throughput = model_tp.at_step_time(step_s, source=source, parts=StepParts())
     return cand.model_copy(update={"memory": memory, "throughput": throughput,
                                    "verdict": Verdict.of_peak(peak, budget, memory.method)})

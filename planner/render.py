@@ -11,7 +11,7 @@ from rich.text import Text
 
 from planner.models.adapters import Adapter
 from planner.notes import Lever, Note, Verdict
-from planner.vocab import DEEPSPEED, ESTIMATE
+from planner.vocab import DEEPSPEED, ESTIMATE, PACKING
 
 GiB = 2**30
 _PARTS = (("parameters", "param", "cyan"), ("gradients", "grad", "magenta"),
@@ -83,8 +83,7 @@ def summary(plan, explain: bool = False) -> Panel:
     offload = f"offload {cfg.offload}" + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)"
                                           if c.memory.cpu_offload_bytes else "")
     lines = [escape(model), *map(escape, _trained(m)), *_data(plan), escape(gpus), escape(_host(h)), "",
-             f"[bold green]micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {cfg.world_size} GPU = "
-             f"{cfg.global_batch}[/]",
+             f"[bold green]{escape(batch_line(cfg, tp, plan.seq_len))}[/]",
              f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
              + offload + (", [bold]torch.compile[/]" if cfg.compiled else "")
              + (", [bold]Liger[/]" if cfg.liger else ""),
@@ -101,6 +100,17 @@ def summary(plan, explain: bool = False) -> Panel:
     body = Group(Text.from_markup("\n".join(lines)), Text(""),
                  memory_bar(c.memory, h.gpu_memory_bytes, h.budget_bytes), legend(c.memory))
     return Panel(body, title="trainplan", border_style="green")
+
+
+def batch_line(cfg, tp, row_length: int) -> str:
+    """The step's split: micro-batch x accumulation x data-parallel GPUs; packed rows say the samples they hold."""
+    ranks = f"{cfg.world_size} GPU" if cfg.tensor_parallel == 1 else \
+        f"{cfg.data_parallel} groups of {cfg.tensor_parallel} GPUs"
+    split = f"micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {ranks}"
+    if cfg.padding != PACKING or tp is None:
+        return f"{split} = {cfg.global_batch}"
+    samples = tp.samples_per_s * tp.step_time_s
+    return f"{samples:,.0f} samples ~ {cfg.global_batch} packed rows of {row_length:,} tokens: {split}"
 
 
 def _accuracy(plan) -> list[str]:
@@ -201,7 +211,8 @@ def alternatives(plan, limit: int = 5, explain: bool = True) -> Table:
             continue
         seen.add(c.config.family())
         slower = 1 - c.throughput.useful_tokens_per_s / best
-        why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more to run"
+        why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more to run" if slower > -0.0005 else \
+            f"{-slower:.0%} faster, more to run"
         label = c.config.label() if explain else _difference(c.config, choice)
         table.add_row(escape(label), fmt_tokens(c.throughput.useful_tokens_per_s), gib(c.memory.peak), why)
         shown += 1
@@ -363,12 +374,34 @@ def no_fit_message(plan) -> str:
 
 # --- the sentences of typed notes, verdicts and suggestions (planner/notes.py)
 
+#: One broken invariant in words (planner/invariants.py).
+VIOLATION_TEXT = {
+    "negative": lambda v: f"{v['part']} is {gib(v['bytes'])}, below zero",
+    "below-states": lambda v: f"peak {gib(v['peak'])} is below its model states {gib(v['states'])}",
+    "peak-order": lambda v: f"{v['lower']} {gib(v['lower_bytes'])} exceeds {v['upper']} {gib(v['upper_bytes'])}",
+    "flops": lambda v: (f"its speed needs {v['tflops']:,.0f} TFLOPS per GPU, above the {v['peak_tflops']:,.0f} "
+                        f"{v['precision']} peak"),
+    "step-tokens": lambda v: f"{v['rate']:,.0f} tokens/s x {v['step_s']:.3g} s is not the step's {v['per_step']:,.0f}",
+    "step-samples": lambda v: f"{v['rate']:,.2f} samples/s x {v['step_s']:.3g} s is not the step's {v['per_step']:,.1f}",
+    "micro-batch": lambda v: (f"{v['what']} {gib(v['bytes'])} at micro-batch {v['micro_batch']} is below "
+                              f"{gib(v['smaller_bytes'])} at {v['smaller_micro_batch']}"),
+    "checkpointing": lambda v: (f"activations {gib(v['bytes'])} with {v['mode']} checkpointing are below "
+                                f"{gib(v['other_bytes'])} with {v['other_mode']}"),
+}
+
+
+def violation_text(v) -> str:
+    return VIOLATION_TEXT[v.kind](v)
+
+
 def verdict_text(v: Verdict) -> str:
     """A candidate's verdict in words that say how sure we are: "OOM" only for a traced or measured peak."""
     if v.kind == "hardware":
         return v.problem
     if v.kind == "probe-oom":
         return "OOM in a probe (measured)"
+    if v.kind == "invalid":
+        return "internal error, not planned: " + "; ".join(violation_text(x) for x in v.violations)
     if v.kind == "host-over":
         return f"offload needs {gib(v.peak)} of host memory per node > {gib(v.budget)}"
     if v.kind == "states-over":
@@ -448,6 +481,9 @@ NOTE_TEXT = {
         + " Load the model with from_pretrained(..., tp_plan=\"auto\") under the launcher "
           "(plan.from_pretrained_kwargs()); the Trainer then builds accelerate's ParallelismConfig from it, as "
           "accelerate_config.yaml says."),
+    "simpler": lambda v: (f"Chosen for fewer moving parts: {v['other']} was predicted {v['faster']:.0%} faster, "
+                          f"less than the {v['tie']:.0%} by which one configuration's speed varies between GPUs of a "
+                          "kind (search.structure_tie); probe both to tell."),
     "no-pipeline": lambda v: ("Pipeline parallelism (layers split across nodes) is not planned: transformers and "
                               "accelerate have no pipeline schedule for training HF models; it would be needed where a "
                               "model's layers do not fit a node even fully sharded (use torchtitan or Megatron-LM "

@@ -17,7 +17,9 @@ from planner import facts
 from planner.config import Config
 from planner.errors import InputError
 from planner.hardware import GPU
+from planner.invariants import Physics, guarded
 from planner.memory import states
+from planner.memory.analytic import tensor_parallel_activations
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.notes import Verdict
 from planner.speed.model import SpeedModel
@@ -46,6 +48,11 @@ class SearchSpace:
     liger: tuple[bool, ...] = (False,)        # without, with Liger-Kernel's patches, or both
     paddings: tuple[str | None, ...] = (None,)  # how a dataset's samples are batched (`vocab.PADDING`); None: no data
     train_steps: int | None = None            # the run's optimizer steps, over which compile time is spread
+    packed_rows: int | None = None            # packed rows per step (a multiple of the GPUs), for packing candidates
+
+    def batch_of(self, padding: str | None) -> int:
+        """Rows per optimizer step: packed rows for packing, else the global batch (a sample per row)."""
+        return self.packed_rows if padding == PACKING and self.packed_rows else self.global_batch
 
 
 def divisors(n: int) -> list[int]:
@@ -63,10 +70,20 @@ def engine_for(zero_stage: int, sharding_engine: str) -> str:
 
 
 def enumerate_configs(space: SearchSpace) -> list[Config]:
-    """Every split of the batch with every combination of the space's choices that can run (`Config.problem`) and
-    is worth running (`Config.redundant`)."""
-    per_gpu = space.global_batch // space.world_size
-    mbs = [space.micro_batch] if space.micro_batch else divisors(per_gpu)
+    """Every split of the step's rows with every combination of the space's choices that can run (`Config.problem`)
+    and is worth running (`Config.redundant`)."""
+    out = []
+    for padding in space.paddings:
+        rows = space.batch_of(padding)
+        out += [c.model_copy(update={"compiled": compiled, "liger": liger, "padding": padding})
+                for c in _splits(space, rows) for compiled in space.compiled for liger in space.liger]
+    return out
+
+
+def _splits(space: SearchSpace, rows: int) -> list[Config]:
+    """The configurations of `rows` rows per step, before compile, Liger and batching are chosen."""
+    per_gpu = rows // space.world_size
+    mbs = [mb for mb in ([space.micro_batch] if space.micro_batch else divisors(per_gpu)) if per_gpu % mb == 0]
     out = []
     for zero in space.zero_stages:
         engine = engine_for(zero, space.engine)
@@ -79,9 +96,7 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
                 configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, checkpointing=ckpt, **fields)
                            for mb in mbs for ckpt in space.checkpointing]
                 out += _runnable(configs, space)
-    out += _tensor_parallel_configs(space)
-    return [c.model_copy(update={"compiled": compiled, "liger": liger, "padding": padding}) for c in out
-            for compiled in space.compiled for liger in space.liger for padding in space.paddings]
+    return out + _tensor_parallel_configs(space, rows)
 
 
 def _runnable(configs: list[Config], space: SearchSpace) -> list[Config]:
@@ -89,15 +104,15 @@ def _runnable(configs: list[Config], space: SearchSpace) -> list[Config]:
     return [c for c in configs if not c.optimizer_problem(space.optimizer) and not c.adapter_problem(space.adapter)]
 
 
-def _tensor_parallel_configs(space: SearchSpace) -> list[Config]:
+def _tensor_parallel_configs(space: SearchSpace, rows: int) -> list[Config]:
     """Tensor parallel x FSDP2 data parallel (accelerate's ParallelismConfig): each layer split across `tp` GPUs of
     a node, FULL_SHARD over the `world / tp` data-parallel ranks, no offload."""
     out = []
     for size in space.tensor_parallel:
         dp = space.world_size // size
-        if space.global_batch % dp or 3 not in space.zero_stages or NO_OFFLOAD not in space.offloads:
+        if rows % dp or 3 not in space.zero_stages or NO_OFFLOAD not in space.offloads:
             continue
-        per_dp = space.global_batch // dp
+        per_dp = rows // dp
         mbs = [space.micro_batch] if space.micro_batch else divisors(per_dp)
         for precision in (p for p in space.precisions if PRECISION[p].zero_engines):
             configs = [Config(micro_batch=mb, grad_accum=per_dp // mb, world_size=space.world_size, precision=precision,
@@ -131,7 +146,8 @@ class MemoryEvaluator:
 
     def __init__(self, evaluation: Evaluation, method: str, packed: Evaluation | None = None):
         self.evaluation, self.method, self.packed = evaluation, method, packed
-        self.calibration: dict[tuple, float] = {}
+        #: trace family -> {micro-batch: (traced, analytic) activations} of the family's traces so far
+        self.calibration: dict[tuple, dict[int, tuple[int, int]]] = {}
 
     @property
     def resolved(self):
@@ -146,7 +162,10 @@ class MemoryEvaluator:
         return self.packed if self.packed is not None and cfg.padding == PACKING else self.evaluation
 
     def _family(self, cfg: Config) -> tuple:
+        """Candidates whose unsplit model's activations come from one traced program (a tensor-parallel rank keeps
+        its share of them)."""
         return cfg.trace_family() + (self.of(cfg).seq_len,)
+
 
     def states(self, cfg: Config) -> states.ModelStates:
         return self.evaluation.states(cfg)
@@ -155,19 +174,24 @@ class MemoryEvaluator:
         """Exact for this candidate (traced at its micro-batch unless the method is analytic)."""
         evaluation = self.of(cfg)
         act, used = evaluation.activations(cfg, method or self.method)
-        if used == TRACE:
-            analytic_act, _ = evaluation.activations(cfg, ANALYTIC)
-            self.calibration[self._family(cfg)] = act / max(analytic_act, 1)
+        if used == TRACE:  # the unsplit model's traced and formula activations (the trace is cached)
+            whole = cfg.model_copy(update={"tensor_parallel": 1})
+            point = tuple(evaluation.activations(whole, m)[0] for m in (TRACE, ANALYTIC))
+            self.calibration.setdefault(self._family(cfg), {})[cfg.micro_batch] = point
         return evaluation.combine(cfg, act, used)
 
     def screen(self, cfg: Config) -> tuple[MemoryEstimate, bool]:
-        """A cheap estimate and whether it is calibrated by a trace of the same family."""
+        """A cheap estimate and whether it is calibrated by traces of the same family."""
         evaluation = self.of(cfg)
-        act, _ = evaluation.activations(cfg, ANALYTIC)
-        ratio = self.calibration.get(self._family(cfg))
-        if ratio is None:
+        traced = self.calibration.get(self._family(cfg))
+        if not traced:
+            act, _ = evaluation.activations(cfg, ANALYTIC)
             return evaluation.combine(cfg, act, ANALYTIC), False
-        return evaluation.combine(cfg, int(act * ratio), "analytic-calibrated"), True
+        whole, _ = evaluation.activations(cfg.model_copy(update={"tensor_parallel": 1}), ANALYTIC)
+        act = calibrated(traced, cfg.micro_batch, whole)
+        if cfg.tensor_parallel > 1:
+            act = int(tensor_parallel_activations(evaluation.workload, cfg, act))
+        return evaluation.combine(cfg, act, "analytic-calibrated"), True
 
     def states_only(self, cfg: Config) -> MemoryEstimate:
         """Model states and device overheads with no activations: a lower bound, for candidates rejected early."""
@@ -179,23 +203,56 @@ class MemoryEvaluator:
         return evaluation.combine(cfg, int(act / facts.get("search.analytic_max_overestimate")), "analytic-screen")
 
 
+def calibrated(traced: dict[int, tuple[int, int]], micro_batch: int, analytic: int) -> int:
+    """Activations at `micro_batch` from a family's traces (micro-batch -> (traced, analytic)): affine in the
+    micro-batch between the traced points around it (a step keeps a fixed part and a part per sample, the trace's own
+    fit, planner/program/trace.py `TraceFit`); below the smallest traced point, that point scaled by the formulas'
+    ratio; above the largest, that point grown by the slope of the two largest (the formulas' growth at their ratio
+    where only one was traced). Never below the traced point under it, nor above the one over it."""
+    below = [b for b in traced if b <= micro_batch]
+    above = [b for b in traced if b >= micro_batch]
+    if below and above:
+        lo, hi = max(below), min(above)
+        (t_lo, _), (t_hi, _) = traced[lo], traced[hi]
+        return t_lo if hi == lo else int(t_lo + (t_hi - t_lo) * (micro_batch - lo) / (hi - lo))
+    if above:
+        hi = min(above)
+        t_hi, a_hi = traced[hi]
+        return int(t_hi * min(1.0, analytic / a_hi)) if a_hi > 0 else t_hi
+    top = sorted(traced)[-2:]
+    t_lo, a_lo = traced[top[-1]]
+    if len(top) == 2:  # the traced slope
+        growth = (t_lo - traced[top[0]][0]) / (top[-1] - top[0]) * (micro_batch - top[-1])
+    else:
+        growth = (analytic - a_lo) * (t_lo / a_lo if a_lo > 0 else 1.0)
+    return int(t_lo + max(0.0, growth))
+
+
 def judge(mem: MemoryEstimate, budget: int) -> Verdict:
     """Fits or not: the estimate's peak against the budget (`Verdict.of_peak`)."""
     return Verdict.of_peak(mem.peak, budget, mem.method)
 
 
-def rank(fitting: list[Candidate]) -> list[Candidate]:
-    """Fastest first (in tokens of data per second), except that the candidates within the fact `search.speed_tie` of
-    the fastest go first by fewer moving parts (then speed, then headroom)."""
-    def speed(c: Candidate) -> float:
-        return c.throughput.useful_tokens_per_s if c.throughput else 0.0
+def speed_of(c: Candidate) -> float:
+    """What candidates are ranked by: tokens of data per second (0 where not timed)."""
+    return c.throughput.useful_tokens_per_s if c.throughput else 0.0
 
-    ordered = sorted(fitting, key=lambda c: (-speed(c), c.memory.peak if c.memory else math.inf))
+
+def rank(fitting: list[Candidate]) -> list[Candidate]:
+    """Fastest first (in tokens of data per second), but simplicity wins where the speed model cannot tell: among the
+    candidates within `search.structure_tie` of the fastest, the leaders are those of the least structure
+    (`Config.structure`: sharding, offload, tensor parallelism); those within `search.speed_tie` of the fastest leader
+    go first by fewer moving parts (then speed); everything else follows by speed."""
+    ordered = sorted(fitting, key=lambda c: (-speed_of(c), c.memory.peak if c.memory else math.inf))
     if not ordered:
         return []
+    contenders = [c for c in ordered if speed_of(c) * facts.get("search.structure_tie") >= speed_of(ordered[0])]
+    least = min(c.config.structure() for c in contenders)
+    lead = next(c for c in contenders if c.config.structure() == least)
     tie = facts.get("search.speed_tie")
-    tied = [c for c in ordered if speed(c) * tie >= speed(ordered[0])]
-    return sorted(tied, key=lambda c: (c.config.complexity(), -speed(c))) + ordered[len(tied):]
+    head = sorted((c for c in ordered if c.config.structure() == least and speed_of(c) * tie >= speed_of(lead)),
+                  key=lambda c: (c.config.complexity(), -speed_of(c)))
+    return head + [c for c in ordered if c not in head]
 
 
 def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
@@ -215,7 +272,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     speeds = {c: model_speed(c) for c in configs}
     order = sorted(configs, key=lambda c: (-speeds[c].useful_tokens_per_s, c.complexity()))
     results: list[Candidate] = []
-    best_speed = None
+    fastest: dict[int, float] = {}  # structure -> the fastest fitting candidate's speed
     for cfg in order:
         speed = speeds[cfg]
         model_states = evaluator.states(cfg)
@@ -227,15 +284,43 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
             verdict = Verdict(kind="states-over", peak=model_states.total, budget=budget)
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, verdict=verdict))
             continue
-        contender = best_speed is None or speed.useful_tokens_per_s * facts.get("search.speed_tie") >= best_speed
-        mem = _evaluate(cfg, evaluator, budget, contender)
+        mem = _evaluate(cfg, evaluator, budget, _contender(cfg, speed.useful_tokens_per_s, fastest))
         verdict = judge(mem, budget)
-        if verdict.fits and best_speed is None:
-            best_speed = speed.useful_tokens_per_s
+        if verdict.fits:
+            fastest.setdefault(cfg.structure(), speed.useful_tokens_per_s)
         results.append(Candidate(config=cfg, memory=mem, throughput=speed, verdict=verdict))
+    results = [_rescreened(c, evaluator, budget) for c in results]
+    results = guarded(results, Physics(gpu, evaluator.resolved.spec, model_speed))
     fitting = rank([c for c in results if c.fits])
     rest = [c for c in results if not c.fits]
     return fitting + rest
+
+
+def _contender(cfg: Config, speed: float, fastest: dict[int, float]) -> bool:
+    """Whether `cfg` could still lead `rank` (so its memory is traced exactly): nothing fits yet, or it is within
+    `search.speed_tie` of the fastest fit, or of the fastest of its structure where that is the least yet, or it is
+    simpler than every fit so far and within `search.structure_tie` of the fastest."""
+    if not fastest:
+        return True
+    best, least = max(fastest.values()), min(fastest)
+    if speed * facts.get("search.speed_tie") >= best:
+        return True
+    if speed * facts.get("search.structure_tie") < best or cfg.structure() > least:
+        return False
+    return cfg.structure() < least or speed * facts.get("search.speed_tie") >= fastest[least]
+
+
+def _rescreened(cand: Candidate, evaluator: MemoryEvaluator, budget: int) -> Candidate:
+    """A formula estimate redone with every trace of its family (the search traced more after it): a candidate it
+    would turn into a fit is traced exactly instead, as anything that could be chosen is."""
+    if cand.memory is None or cand.memory.method not in (ANALYTIC, "analytic-calibrated"):
+        return cand
+    mem, _ = evaluator.screen(cand.config)
+    verdict = judge(mem, budget)
+    if verdict.fits and not cand.fits:
+        mem = evaluator.estimate(cand.config)
+        verdict = judge(mem, budget)
+    return cand.model_copy(update={"memory": mem, "verdict": verdict})
 
 
 def _evaluate(cfg: Config, evaluator: MemoryEvaluator, budget: int, contender: bool) -> MemoryEstimate:

@@ -43,6 +43,7 @@ class Candidate(BaseModel):
 
     def to_json(self) -> dict:
         data = _config_json(self.config)
+        data.update(_step_json(self.throughput))
         data.update(learning_rate=self.learning_rate, lr_scaling=self.lr_scaling,
                     memory=_memory_json(self.memory) if self.memory else None,
                     throughput=self.throughput.model_dump(mode="json") if self.throughput else None,
@@ -210,6 +211,7 @@ class DatasetSummary(BaseModel):
     max_length: int
     row_length: int
     padding_waste: dict[str, float] = {}
+    steps_per_epoch: int = 0   # optimizer steps of the chosen configuration in one pass over the samples
 
 
 class Requirement(BaseModel):
@@ -259,6 +261,7 @@ class Plan(BaseModel):
 
     def to_json(self) -> dict:
         choice = _config_json(self.choice.config)
+        choice.update(_step_json(self.choice.throughput))
         choice.update(learning_rate=self.lr.learning_rate, lr_scaling=self.lr.scaling,
                       lr_factor=self.lr.factor, warmup_steps=self.lr.warmup_steps,
                       max_length=self.dataset.row_length if self.dataset else None)
@@ -271,6 +274,7 @@ class Plan(BaseModel):
             "choice": choice,
             "memory": {**_memory_json(self.choice.memory), "error": _error_json(self.memory_error)},
             "throughput": {"tokens_per_s": tp.tokens_per_s, "samples_per_s": tp.samples_per_s, "mfu": tp.mfu,
+                           "hfu": tp.hfu,
                            "step_time_s": tp.step_time_s, "source": tp.source,
                            "real_tokens_per_s": tp.real_tokens_per_s,
                            "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()},
@@ -333,6 +337,13 @@ class Plan(BaseModel):
 def _error_json(error: ErrorBar | None) -> dict | None:
     return None if error is None else {"median": error.median, "p90": error.p90, "rows": error.rows,
                                        "stratum": error.stratum, "source": error.source}
+
+
+def _step_json(tp: ThroughputInfo | None) -> dict:
+    """What one optimizer step trains (rates x step time: a packed row holds several samples)."""
+    if tp is None:
+        return {"samples_per_step": None, "tokens_per_step": None}
+    return {"samples_per_step": tp.samples_per_s * tp.step_time_s, "tokens_per_step": tp.tokens_per_s * tp.step_time_s}
 
 
 def _config_json(c: Config) -> dict:

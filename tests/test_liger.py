@@ -31,6 +31,7 @@ from planner.program.tracker import LiveStorageTracker
 
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None and importlib.util.find_spec("triton") is not None
 needs_liger = pytest.mark.skipif(not HAS_LIGER, reason="liger-kernel is not installed in this environment")
+NOT_INSTALLED = liger._not_installed
 
 
 def tiny(config_class, layers=3, vocab=2000, **extra):
@@ -190,6 +191,7 @@ def test_gpu_rule():
 
 
 def test_not_installed_is_a_reason(monkeypatch):
+    monkeypatch.setattr(liger, "_not_installed", NOT_INSTALLED)  # the real check, which tests/conftest.py replaces
     monkeypatch.setattr(liger.importlib.util, "find_spec", lambda name: None)
     assert "not installed" in liger.applies(transformers.AutoConfig.for_model("llama"), lookup_gpu("H100-80GB"))
 

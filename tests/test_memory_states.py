@@ -112,3 +112,22 @@ def test_higher_zero_stages_never_raise_model_states(params, frac, world, precis
         assert totals[1] >= totals[2]
     offloaded = model_states(params, trainable, zero_stage=3, offload="optimizer+params", **kw).total
     assert offloaded <= totals[2]
+
+
+def test_offload_host_memory_counts_what_trains():
+    """DeepSpeed offloads the optimizer's parameters, which with adapters are the trainable ones: LoRA on 7.66B
+    parameters (40M trainable) once needed 171 GiB of host RAM by the full-model estimator's count."""
+    total, trainable = 7_660_000_000, 40_000_000
+    for stage, offload in ((2, "optimizer"), (3, "optimizer")):
+        lora = model_states(total, trainable, precision="bf16-mixed", optimizer="adamw", zero_stage=stage,
+                            offload=offload)
+        full = model_states(trainable, trainable, precision="bf16-mixed", optimizer="adamw", zero_stage=stage,
+                            offload=offload)
+        assert lora.cpu_bytes == full.cpu_bytes  # the frozen 7.62B stay on the GPU in 16 bits
+    # offloading the parameters too moves the frozen ones' 16-bit copy (2 bytes each) to the host
+    both = model_states(total, trainable, precision="bf16-mixed", optimizer="adamw", zero_stage=3,
+                        offload="optimizer+params")
+    alone = model_states(trainable, trainable, precision="bf16-mixed", optimizer="adamw", zero_stage=3,
+                         offload="optimizer+params")
+    factor = both.cpu_bytes / (alone.cpu_bytes + 2 * (total - trainable) * alone.cpu_bytes / (18 * trainable))
+    assert factor == pytest.approx(1.0)

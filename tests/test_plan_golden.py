@@ -47,6 +47,15 @@ SCENARIOS: dict[str, list[str]] = {
                      "--gpu", "V100-32GB", "--lr", "1e-4", "--lr-batch", "256"],
 }
 
+#: `--liger auto` weighs Liger-Kernel only where it is installed: every request says which it plans, so that the
+#: recordings do not depend on the extras installed
+for _args in SCENARIOS.values():
+    _args += ["--liger", "off"]
+SCENARIOS["liger"] = ["--model", "Qwen/Qwen2.5-7B", "--peft", "lora", "--batch", "128", "--seq-len", "4096", "--gpu",
+                      "H100-80GB", "--gpus-per-node", "8", "--liger", "on"]
+SCENARIOS["moe"] = ["--model", "mistralai/Mixtral-8x7B-v0.1", "--peft", "lora", "--batch", "16", "--gpu", "A100-80GB",
+                    "--gpus-per-node", "2", "--liger", "off"]
+
 #: keys whose values are prose, free to change form
 PROSE = {"notes", "reason", "note", "network_source", "error", "suggestions", "hint", "files"}
 

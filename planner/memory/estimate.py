@@ -176,12 +176,12 @@ class Evaluation:
     def activations(self, cfg: Config, method: str) -> tuple[int, EstimateMethod]:
         """Activation bytes of one micro-batch and the method that produced them. Optimizer states and
         temporaries are counted by formula; traces run at this very micro-batch (two depths, extrapolated per
-        block), so they are exact for it. A tensor-parallel rank keeps the traced bytes times the formulas' ratio
-        of its share to the whole (`analytic.tensor_parallel_share`): the trace runs the unsplit model."""
+        block), so they are exact for it. A tensor-parallel rank keeps its share of the traced bytes as the formulas
+        split them (`analytic.tensor_parallel_activations`): the trace runs the unsplit model."""
         if cfg.tensor_parallel > 1:
             whole = cfg.model_copy(update={"tensor_parallel": 1})
             act, used = self.activations(whole, method)
-            return int(act * analytic.tensor_parallel_share(self.workload, cfg)), used
+            return int(analytic.tensor_parallel_activations(self.workload, cfg, act)), used
         spec, resolved = self.resolved.spec, self.resolved
         req = self.workload.request(cfg)
         if method != ANALYTIC and resolved.config is not None:

@@ -140,8 +140,8 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
             grads = grads16 + grad32 // world
             optim = optim_total // world
         cpu = host = 0
-        if offload.optimizer_on_cpu:  # fp32 master, optimizer states and fp32 gradient partition; accumulation
-            cpu = parameters * max(4 * world, 16) * facts.get("deepspeed.cpu_buffer_factor")
+        if offload.optimizer_on_cpu:  # fp32 master, optimizer states and fp32 gradient partition of what trains
+            cpu = trainable * max(4 * world, 16) * facts.get("deepspeed.cpu_buffer_factor")
             host = (optim_total + facts.get("deepspeed.grad32_bytes") * trainable) // world
             host += facts.get("deepspeed.cpu_accumulation_bytes") * trainable if cfg.grad_accum > 1 else 0
     else:
@@ -153,7 +153,8 @@ def _deepspeed_states(cfg: Config, parameters, trainable, optim_fp32, per_node, 
             optim = optim_total // world
         else:  # host memory with zero.Init (zero3_init_flag, as we emit): 18 or 16 B/param over the nodes
             per_param_cpu = 18 if offload.params_on_cpu else 16
-            cpu = parameters * per_param_cpu / nodes * facts.get("deepspeed.cpu_buffer_factor")
+            frozen = (parameters - trainable) * (width if offload.params_on_cpu else 0)  # only its 16-bit copy
+            cpu = (trainable * per_param_cpu + frozen) / nodes * facts.get("deepspeed.cpu_buffer_factor")
             host = (optim_total + facts.get("deepspeed.grad32_bytes") * trainable) // world
         host += parameters * width // world if offload.params_on_cpu else 0
     return ModelStates(parameters=int(params), gradients=int(grads), optimizer_states=int(optim), cpu_bytes=int(cpu),

@@ -270,10 +270,18 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
                                        "dropout_rate", default=0.0) or 0.0),
         hidden_dropout=float(_first(text, "hidden_dropout", "resid_pdrop", "hidden_dropout_prob", "dropout_rate",
                                     "dropout", default=0.0) or 0.0),
-        position=position, config_hash=config_hash(config),
+        position=position, config_hash=config_hash(config), causal_attention=causal_share(model),
         layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
         num_labels=_num_labels(model, config), **_adapter_fields(adapter, quantized), **_buffer_fields(model),
     )
+
+
+def causal_share(model) -> float:
+    """The share of attention modules that attend causally, read from the `is_causal` flag transformers' attention
+    classes carry (transformers/models/llama/modeling_llama.py `LlamaAttention`, bert/modeling_bert.py); 1.0 where no
+    module says (a causal count is the smaller one: the FLOPs checks stay lower bounds)."""
+    flags = [m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
+    return sum(flags) / len(flags) if flags else 1.0
 
 
 def _buffer_fields(model) -> dict:

@@ -44,6 +44,9 @@ class ModelSpec(BaseModel):
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     position: str = "learned"   # learned | rope | alibi | relative
+    #: share of the attention modules that are causal (their `is_causal`, which transformers' attention classes set:
+    #: decoders 1, BERT 0, T5 a third: its decoder's self-attention of encoder, decoder and cross attention)
+    causal_attention: float = 1.0
     layer_class: str = ""       # the repeated block's class (FSDP wraps it), from _no_split_modules
     config_hash: str = ""       # sha256 of the config's JSON, keys sorted (cache key)
     num_labels: int = 0         # classifier outputs (sequence / token classification heads)

@@ -7,7 +7,7 @@ from planner.config import Config
 from planner.dataset import (
     Histogram, grouped_tokens_per_batch, mean_length, packing_waste, padded_tokens_per_batch,
 )
-from planner.speed.step import ThroughputInfo
+from planner.speed.step import StepSize, ThroughputInfo
 from planner.vocab import GROUPED, LONGEST, PACKING, PADDING_FREE
 
 
@@ -54,19 +54,33 @@ class DataSpeed:
             raise ValueError(f"no padding strategy on {cfg.label()}")
         return padded_tokens_per_batch(self.histogram, b), b * self.mean
 
+    def step_size(self, cfg: Config) -> StepSize:
+        """A step's micro-batches: the tokens they compute, the tokens of data among them, and the samples those are
+        (a packed row holds several)."""
+        padded, real = self.tokens(cfg)
+        micro_batches = cfg.grad_accum * cfg.data_parallel
+        return StepSize(samples=real * micro_batches / self.mean, tokens=padded * micro_batches,
+                        real_tokens=real * micro_batches)
+
+    def attention_length(self, cfg: Config) -> float:
+        """The mean sample's length: a padded row's tokens attend over at least it, a packed sample's over itself."""
+        return self.mean
+
     def __call__(self, cfg: Config) -> ThroughputInfo:
         packed = cfg.padding == PACKING and self.packed is not self.speed
         key = (cfg.model_copy(update={"padding": None}), packed)
         if key not in self._full:
             self._full[key] = (self.packed if packed else self.speed)(key[0])
         full, row = self._full[key], self.row_length(cfg)
-        padded, real = self.tokens(cfg)
+        size = self.step_size(cfg)
+        computed = size.tokens / (cfg.grad_accum * cfg.data_parallel)
         parts = full.parts
-        share = min(1.0, padded / (cfg.micro_batch * row))
+        share = min(1.0, computed / (cfg.micro_batch * row))
         parts = parts.model_copy(update={"compute": cfg.grad_accum * max(parts.micro_gpu * share, parts.micro_cpu)})
         step = parts.total
-        micro_batches = cfg.grad_accum * cfg.data_parallel
-        return ThroughputInfo(tokens_per_s=padded * micro_batches / step, real_tokens_per_s=real * micro_batches / step,
-                              samples_per_s=real * micro_batches / self.mean / step,
-                              mfu=full.mfu * real / (cfg.micro_batch * row) * full.step_time_s / step,
+        full_tokens = cfg.global_batch * row  # what `full` timed: every row full
+        return ThroughputInfo(tokens_per_s=size.tokens / step, real_tokens_per_s=size.real_tokens / step,
+                              samples_per_s=size.samples / step,
+                              mfu=full.mfu * size.real_tokens / full_tokens * full.step_time_s / step,
+                              hfu=full.hfu * size.tokens / full_tokens * full.step_time_s / step,
                               step_time_s=step, parts=parts)

@@ -14,7 +14,7 @@ from planner.memory.analytic import tensor_parallel_share
 from planner.program.profile import Profile, analytic_profile
 from planner.program.trace import TRACED_LAYERS_ALTERNATING, TraceRequest, cached_trace, prefetch_traces
 from planner.program.workload import Workload
-from planner.speed.step import SpeedSetup, ThroughputInfo, TracedStep, step_time
+from planner.speed.step import SpeedSetup, StepSize, ThroughputInfo, TracedStep, step_time
 from planner.vocab import CHECKPOINTING, FUSED_STEP, NO_CHECKPOINTING, AdamStep
 
 
@@ -52,6 +52,15 @@ class SpeedModel:
 
     def __call__(self, cfg: Config) -> ThroughputInfo:
         return step_time(self.setup, cfg, self.traced_step(cfg))
+
+    def step_size(self, cfg: Config) -> StepSize:
+        """Every row is one sample filling the sequence."""
+        tokens = cfg.global_batch * self.workload.seq_len
+        return StepSize(samples=cfg.global_batch, tokens=tokens, real_tokens=tokens)
+
+    def attention_length(self, cfg: Config) -> float:
+        """The keys a token's attention runs over at most (before the causal mask)."""
+        return self.workload.seq_len
 
     def prefetch(self, configs) -> None:
         """Trace the speed profiles `configs` need side by side where cores are spare (planner/program/trace.py

@@ -67,11 +67,30 @@ class ThroughputInfo(BaseModel):
     parts: StepParts = StepParts()
     #: tokens of data per second, padding left out (None: every sample fills its row, as without a dataset)
     real_tokens_per_s: float | None = None
+    #: the FLOPs the GPU executes (recomputation included, masked attention tiles skipped) over its dense peak
+    hfu: float = 0.0
 
     @property
     def useful_tokens_per_s(self) -> float:
         """What candidates are ranked by: tokens of data per second."""
         return self.tokens_per_s if self.real_tokens_per_s is None else self.real_tokens_per_s
+
+    def at_step_time(self, step_s: float, **update) -> "ThroughputInfo":
+        """The same step's work done in `step_s` seconds: every rate rescaled (`update` sets other fields)."""
+        ratio = self.step_time_s / step_s if step_s > 0 else 1.0
+        real = None if self.real_tokens_per_s is None else self.real_tokens_per_s * ratio
+        return self.model_copy(update={"tokens_per_s": self.tokens_per_s * ratio, "real_tokens_per_s": real,
+                                       "samples_per_s": self.samples_per_s * ratio, "mfu": self.mfu * ratio,
+                                       "hfu": self.hfu * ratio, "step_time_s": step_s, **update})
+
+
+@dataclass(frozen=True)
+class StepSize:
+    """What one optimizer step trains: samples of data, tokens computed (padding included) and tokens of data."""
+
+    samples: float
+    tokens: float
+    real_tokens: float
 
 
 def matmul_parameters(spec: ModelSpec) -> int:
@@ -86,12 +105,24 @@ def matmul_parameters(spec: ModelSpec) -> int:
     return max(params, 1)
 
 
-def flops_per_token(spec: ModelSpec, seq_len: int) -> tuple[float, float]:
-    """Model FLOPs per token as (dense, attention), for MFU: 6N and 12·L·h·s (PaLM appendix B). Frozen weights
-    (adapters training) skip their weight-gradient matmuls: 4 FLOPs per frozen matmul parameter, not 6."""
+def flops_per_token(spec: ModelSpec, seq_len: int, checkpointing: str | None = None) -> tuple[float, float]:
+    """FLOPs per token of a training step as (dense, attention). Dense: forward 2N over the parameters a token's
+    matmuls run through (`matmul_parameters`: N active for MoE), backward 4N for trainable weights and 2N for frozen
+    ones (adapters: no weight gradient). Attention: 4·L·h·s forward and twice that backward (PaLM appendix B's
+    12·L·h·s). With `checkpointing=None` that is the model's FLOPs, MFU's count. Given a mode, it is what the GPU
+    executes: the forward matmuls recomputation repeats (all under full checkpointing, every second under selective,
+    torchtitan's per-op policy: planner/program/step.py) and causal attention at half (the kernels skip the masked
+    score tiles), the share of the model's attention that is causal (`ModelSpec.causal_attention`)."""
     matmul = matmul_parameters(spec)
     frozen = max(0, matmul - spec.trainable_parameters)
-    return 6.0 * matmul - 2.0 * frozen, 12.0 * spec.layers * spec.hidden * seq_len
+    dense, attention = 6.0 * matmul - 2.0 * frozen, 12.0 * spec.layers * spec.hidden * seq_len
+    if checkpointing is None:
+        return dense, attention
+    info = CHECKPOINTING[checkpointing]
+    full = info.enabled and not info.per_op_policy  # selective keeps the attention kernel's outputs
+    recomputed = 1.0 if full else 0.5 if info.enabled else 0.0
+    attention *= (1.0 - spec.causal_attention / 2) * (4.0 / 3.0 if full else 1.0)
+    return dense + recomputed * 2.0 * matmul, attention
 
 
 def compiled_profile(profile: Profile, effect: CompileEffect) -> Profile:
@@ -156,10 +187,11 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
         micro_gpu=micro.gpu_s, micro_cpu=micro.cpu_s)
     total = parts.total
     tokens = cfg.global_batch * setup.seq_len
-    dense, attn = flops_per_token(spec, setup.seq_len)
-    peak = gpu.peak_tflops(cfg.precision) * 1e12
+    peak = gpu.peak_tflops(cfg.precision) * 1e12 * cfg.world_size
+    model_flops, executed = (sum(flops_per_token(spec, setup.seq_len, mode)) * tokens
+                             for mode in (None, cfg.checkpointing))
     return ThroughputInfo(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
-                          mfu=(dense + attn) * tokens / total / (cfg.world_size * peak), step_time_s=total, parts=parts)
+                          mfu=model_flops / total / peak, hfu=executed / total / peak, step_time_s=total, parts=parts)
 
 
 def _backward_share(profile: Profile) -> float:
