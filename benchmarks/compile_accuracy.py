@@ -79,8 +79,7 @@ def compile_time_row(row: dict, fold: ta.Fold | None = None) -> evidence.Row:
     cfg = config(row)
     return ta.judged_row(id=row["id"], data_file=ta.HF_FILE, source=row["source"], measured=row["value"],
                          predict=predict, fold=fold,
-                         group={"program": ta.HF_LOOP, "gpu": ta.map_gpu(row["gpu"]),
-                                "precision": cfg.precision_family()})
+                         group=evidence.run_group(ta.HF_LOOP, ta.map_gpu(row["gpu"]), cfg))
 
 
 def config(row: dict) -> ta.Config:

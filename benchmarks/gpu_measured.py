@@ -78,7 +78,7 @@ def evidence_rows(row: dict, gpu: str) -> tuple[list[evidence.Row], list[evidenc
     """The step's memory rows and throughput row, and its wrong verdict (None where the plan says it fits)."""
     rid = row_id(row)
     choice, rejected = planned(row, gpu)  # once outside the recording: the rows below share its caches
-    group = {"program": PROGRAM, "gpu": gpu, "precision": choice.config.precision_family()}
+    group = evidence.run_group(PROGRAM, gpu, choice.config)
     common = {"data_file": DATA_FILE, "source": row["source"], "group": group}
     verdict, suffix = None, ""
     if rejected:

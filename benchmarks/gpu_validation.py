@@ -22,8 +22,9 @@ folder, so that a dry run never lands beside real results):
   gpu_validation-<GPU>-<date>.json     the same records with the summary (the evidence rows' `source`)
   gpu_validation-{memory,throughput}-<GPU>-<date>.json   evidence rows (benchmarks/evidence.py)
 
-On the GPU machine (trainplan need not be installed; carry what its image lacks, e.g. pydantic, as wheels):
-    HF_HUB_OFFLINE=1 python3 benchmarks/gpu_validation.py --out $OUT
+On the GPU machine (trainplan need not be installed; carry what its image lacks, e.g. pydantic, as wheels), naming
+the commit the tree was sent from (its rows are first-look: each plan is made before its step runs):
+    HF_HUB_OFFLINE=1 python3 benchmarks/gpu_validation.py --out $OUT --commit <git rev-parse HEAD here>
 Here, predictions only (no GPU):
     HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py --dry-run [--only gpt2-bf16,bert-seqcls-bf16] [--list]
 """
@@ -174,6 +175,16 @@ def pinned_plan(name: str, seq: int | None, precision: str, ckpt: str, mb: int, 
     fields = {"zero_stage": 0, "offload": False, **fields}
     return plan(name, batch or mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb,
                 precision=precision, checkpointing=ckpt, detect=False, compile=compile, **fields)
+
+
+def case_config(case: Case, gpu: str):
+    """The configuration the case's pinned plan chose (or rejected)."""
+    from planner.errors import NoFitError
+
+    try:
+        return plan_of(case, gpu).choice.config
+    except NoFitError as err:
+        return err.plan.choice.config
 
 
 def plan_of(case: Case, gpu: str):
@@ -374,7 +385,7 @@ def record(case: Case, status: str, reason: str = "", **more) -> dict:
 def evidence_rows(case: Case, gpu: str, measured, source: str, family: str) -> tuple[list, list]:
     """The memory and step-time evidence rows of a measured case; each prediction is made again inside
     `evidence.predicted_row` (the planner's caches make that cheap), so each row carries the facts it used."""
-    group = {"program": PROGRAM, "gpu": gpu, "precision": family}
+    group = evidence.run_group(PROGRAM, gpu, case_config(case, gpu), adapter=case.peft)
     common = {"data_file": "", "source": source, "group": group}
     memory = [evidence.predicted_row(id=f"{case.id}/{ours}", measured=getattr(measured, theirs), note=what,
                                      predict=lambda ours=ours: getattr(predicted_memory(case, gpu)[0], ours),
@@ -423,7 +434,9 @@ class Results:
         cannot = ("several GPUs or nodes (one GPU only), long runs (1 warm-up and 2 measured steps: no allocator "
                   "fragmentation over hours), real data (synthetic full-length batches), other GPUs")
         for kind, metric in (("memory", MEMORY_METRIC), ("throughput", THROUGHPUT_METRIC)):
-            evidence.write_results(self.evidence[kind].stem, self.rows[kind], kind=kind, metric=metric, stack=stack,
+            rows = self.rows[kind] if self.header.get("dry_run") else \
+                evidence.run_rows(self.rows[kind], self.header.get("commit"), self.header["date"])
+            evidence.write_results(self.evidence[kind].stem, rows, kind=kind, metric=metric, stack=stack,
                                    cannot_show=cannot, command=self.header["command"], out=self.evidence[kind])
 
 
@@ -577,6 +590,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="results folder (default: $OUT, else benchmarks/results; a dry run: "
                                                  "$OUT, else a new temporary folder)")
     parser.add_argument("--dry-run", action="store_true", help="predictions only: no GPU, nothing is run")
+    parser.add_argument("--commit", help="the commit the tree was sent from (the GPU machine's copy has no git); "
+                                         "recorded as what scored the rows")
+    parser.add_argument("--relabel", type=Path, help="a run's whole record (gpu_validation-<GPU>-<date>.json) made "
+                                                     "before rows carried strata and labels: label its evidence "
+                                                     "files (with --commit, the tree it was sent from)")
     parser.add_argument("--only", help="comma-separated configuration ids (see --list)")
     parser.add_argument("--list", action="store_true", help="print the configurations and why each is there")
     parser.add_argument("--gpu", help="catalog GPU to predict for (default: the detected one; a dry run: H100-80GB)")
@@ -601,11 +619,44 @@ def header(args, gpu: str, nvml_name: str) -> dict:
             "overlap": not (args.serial or args.dry_run), "budget_s": args.budget, "warmup": WARMUP,
             "steps": STEPS, "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-            "python": sys.version.split()[0], "command": "python3 benchmarks/gpu_validation.py --out $OUT"}
+            "python": sys.version.split()[0], "command": "python3 benchmarks/gpu_validation.py --out $OUT",
+            "commit": args.commit or (evidence._git("rev-parse", "HEAD") or "").strip() or None}
+
+
+def relabel(whole: Path, commit: str) -> list[Path]:
+    """The evidence files of a run recorded before rows carried their stratum and label (the run's whole record
+    `whole`, sent from `commit`): each row's group from its configuration's record, first-look (`evidence.run_rows`)."""
+    from planner.config import Config
+
+    record_ = json.loads(whole.read_text())
+    configs = {c["id"]: c["config"] for c in record_["configs"]}
+    written = []
+    for kind in ("memory", "throughput"):
+        path = whole.with_name(whole.name.replace("gpu_validation-", f"gpu_validation-{kind}-"))
+        result = json.loads(path.read_text())
+        rows = []
+        for data in result["rows"]:
+            c = configs[data["id"].split("/")[0]]
+            cfg = Config.of(micro_batch=c["micro_batch"], grad_accum=c["grad_accum"], world_size=1,
+                            precision=c["precision"], checkpointing=c["checkpointing"], zero_stage=c["zero_stage"],
+                            offload=c["offload"], compiled=c["compile"])
+            group = evidence.run_group(PROGRAM, record_["gpu"], cfg, adapter=c["peft"])
+            fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()
+                      if k in evidence.Row.__dataclass_fields__}
+            rows.append(evidence.Row(**{**fields, "group": group}))
+        rows = evidence.run_rows(rows, commit, record_["date"])
+        written.append(evidence.write_results(result["benchmark"], rows, kind=kind, metric=result["metric"],
+                                              stack=result["stack"], cannot_show=result["cannot_show"],
+                                              command=result["command"], out=path))
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.relabel:
+        for path in relabel(args.relabel, args.commit):
+            print(f"relabelled {path}")
+        return 0
     cases = [c for c in ITEMS if not args.only or c.id in args.only.split(",")]
     if args.list:
         print("\n".join(f"{c.id:28s} {c.label()}\n{'':28s} {c.why}" for c in cases))

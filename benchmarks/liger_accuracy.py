@@ -168,8 +168,8 @@ def judged_pair(row: dict, setup: Setup, predictor: Predictor) -> tuple[list[evi
     memory = "throughput" not in row["metric"]
     predict = predictor.memory if memory else predictor.tokens_per_s
     unit = UNITS[row["unit"]]
-    precision = predictor.config(row, setup, False).precision_family()
-    group = {"program": "trainer", "gpu": setup.gpu, "precision": precision}
+    groups = {liger: evidence.run_group("trainer", setup.gpu, predictor.config(row, setup, liger),
+                                        gpus_per_node=setup.world_size) for liger in (False, True)}
     unmodelled = predict(row, setup, False)
     out = []
     for liger, measured in ((False, row["without_liger"]), (True, row["with_liger"])):
@@ -178,7 +178,7 @@ def judged_pair(row: dict, setup: Setup, predictor: Predictor) -> tuple[list[evi
             note += f"; predicted with Liger unmodelled: {unmodelled:.6g} ({unmodelled / (measured * unit) - 1:+.1%})"
         out.append(evidence.predicted_row(id=f"{row['id']}/{'with' if liger else 'without'}", data_file=DATA_FILE,
                                           source=row["source"], measured=measured * unit,
-                                          predict=lambda liger=liger: predict(row, setup, liger), group=group,
+                                          predict=lambda liger=liger: predict(row, setup, liger), group=groups[liger],
                                           note=note))
     return out, unmodelled
 

@@ -99,8 +99,10 @@ def upcast(row: dict) -> bool:
 
 
 def program_of(row: dict) -> str:
-    """How the measured run trained (evidence.Row.group): the HF Trainer (trl's SFTTrainer is one), or HF model code
-    in a loop of its own."""
+    """How the measured run trained (evidence.Row.group): the HF Trainer (trl's SFTTrainer is one), HF model code in
+    a loop of its own, or another program (peft's fp32 upcast of a 4-bit model, which plan.prepare does not run)."""
+    if upcast(row):
+        return "other"
     return "trainer" if re.search(r"\bHF Trainer\b|SFTTrainer", row["notes"]) else "hf-loop"
 
 
@@ -117,7 +119,8 @@ def group_of(row: dict) -> dict:
     cfg = Config.of(micro_batch=inputs["micro_batch"], grad_accum=inputs["grad_accum"], world_size=1,
                     precision=inputs["precision"], checkpointing=inputs["checkpointing"], zero_stage=0,
                     offload="none")
-    return {"program": program_of(row), "gpu": inputs["gpu"], "precision": cfg.precision_family()}
+    adapter = adapter_of(row)
+    return evidence.run_group(program_of(row), inputs["gpu"], cfg, adapter=adapter.method if adapter else "none")
 
 
 def note_of(row: dict, transformers_version: str | None = None) -> str:

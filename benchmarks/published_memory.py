@@ -201,7 +201,7 @@ def published_rows() -> tuple[list[Judged], list[dict]]:
             kept["est"] = estimate_memory(model_of(row), **inputs)
             return getattr(kept["est"], metric)
 
-        group = {"program": program_of(row), "gpu": inputs["gpu"], "precision": precision_family(inputs["precision"])}
+        group = {**evidence.run_group(program_of(row), inputs["gpu"]), "precision": precision_family(inputs["precision"])}
         judged = evidence.predicted_row(id=row["id"], data_file="published_memory.json", source=row["source"],
                                         measured=row["value"] * UNITS[row["unit"]], predict=predict, group=group,
                                         note=differences(row))
@@ -229,7 +229,9 @@ def torchtitan_rows() -> list[Judged]:
                                           gpu="H100-80GB")
             return kept["est"].peak_reserved
 
-        group = {"program": "optimised", "gpu": "H100-80GB", "precision": precision_family("bf16-mixed")}
+        group = evidence.run_group("optimised", "H100-80GB", Config.of(
+            micro_batch=row["micro_batch"], grad_accum=1, world_size=row["gpus"], precision="bf16-mixed",
+            checkpointing="selective", zero_stage=3, offload="none", engine="fsdp"), gpus_per_node=8)
         judged = evidence.predicted_row(
             id=row["id"], data_file="memory_calibration.json", source=source, measured=row["GiB"] * 2**30,
             predict=predict, group=group,
@@ -361,7 +363,7 @@ def worker(ids: list[str]) -> int:
         judged = evidence.predicted_row(
             id=row["id"], data_file="published_memory.json", source=row["source"],
             measured=row["value"] * UNITS[row["unit"]], predict=predict,
-            group={"program": program_of(row), "gpu": inputs["gpu"],
+            group={**evidence.run_group(program_of(row), inputs["gpu"]),
                    "precision": precision_family(inputs["precision"])},
             note=f"the table's own loop (sum objective, fp16 weights, no optimizer step), transformers "
                  f"{transformers.__version__}")

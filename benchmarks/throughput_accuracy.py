@@ -100,7 +100,7 @@ GROUPS = (("llmf-a100", "llm-foundry A100"), ("llmf-h100", "llm-foundry H100"), 
           ("tfdocs-opt", "transformers docs OPT"), ("tlkh", "tlkh benchmarks"), ("hf15026", "transformers #15026"))
 
 #: `group["program"]` values (evidence.Row): how the measured run trained.
-TRAINER, HF_LOOP, OPTIMISED = "trainer", "hf-loop", "optimised"
+TRAINER, HF_LOOP, OPTIMISED, HF_FORWARD_BACKWARD = "trainer", "hf-loop", "optimised", "hf-forward-backward"
 #: A row's text naming the HF Trainer as what ran it (its notes or its optimizer: "HF Trainer examples/...",
 #: "AdamW (HF Trainer default)"); other HF rows ran the model in a loop of their own (a benchmark script, Lightning,
 #: Accelerate, DeepSpeed's engine), as their notes and sources say.
@@ -159,8 +159,9 @@ class Case:
 
     @property
     def group(self) -> dict:
-        """The row's strata (evidence.Row.group)."""
-        return {"program": self.program, "gpu": self.gpu, "precision": self.cfg.precision_family()}
+        """The row's stratum (evidence.Row.group): an HF loop timed without its optimizer step is a program apart."""
+        program = HF_FORWARD_BACKWARD if self.program == HF_LOOP and self.compute_only else self.program
+        return evidence.run_group(program, self.gpu, self.cfg, gpus_per_node=self.per_node)
 
     @property
     def source_key(self) -> str:

@@ -18,6 +18,7 @@ from planner.config import Config
 from planner.notes import Verdict, note
 from planner.speed.step import StepParts
 from planner.types import Candidate, FamilyCalibration, Measurement, ProbeRecord, SpeedCalibration
+from planner.uncertainty import NO_MARGIN
 from planner.vocab import OK, OOM
 
 MAX_PROBES_PER_FAMILY = 3
@@ -162,7 +163,7 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
     # measured on this GPU: the model's error margin is replaced by the measurement
     peak = mem.peak + (act - mem.activations) + (slack - mem.terms.allocator_slack) - mem.terms.error_margin
     memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
-                                    "method": "probe-calibrated",
+                                    "method": "probe-calibrated", "margin_basis": NO_MARGIN, "margin_rows": 0,
                                     "terms": mem.terms.model_copy(update={"allocator_slack": slack,
                                                                           "error_margin": 0})})
     return cand.model_copy(update={"memory": memory, "verdict": Verdict.of_peak(peak, budget, memory.method)})
@@ -241,6 +242,7 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     mem = cand.memory
     peak = _measured_peak(result, cand)
     memory = mem.model_copy(update={"peak_allocated": result.peak_allocated, "peak": peak, "method": "probe",
+                                    "margin_basis": NO_MARGIN, "margin_rows": 0,
                                     "terms": mem.terms.model_copy(
                                         update={"allocator_slack": result.peak_reserved - result.peak_allocated,
                                                 "error_margin": 0})})

@@ -11,6 +11,8 @@ from rich.text import Text
 
 from planner.models.adapters import Adapter
 from planner.notes import Lever, Note, Verdict
+from planner import facts
+from planner.uncertainty import BY_ROWS, NO_MARGIN
 from planner.vocab import DEEPSPEED, ESTIMATE, PACKING
 
 GiB = 2**30
@@ -114,10 +116,22 @@ def batch_line(cfg, tp, row_length: int) -> str:
 
 
 def _accuracy(plan) -> list[str]:
-    """How far predictions like this plan's have been from measured runs (docs/accuracy.md)."""
-    bars = [(what, bar) for what, bar in (("peak memory", plan.memory_error), ("speed", plan.throughput_error)) if bar]
-    return [f"{what} on {bar.rows} measured runs like it: median {bar.median:.1%} off, 9 in 10 within {bar.p90:.1%} "
-            "(docs/accuracy.md)" for what, bar in bars]
+    """How far predictions like this plan's have been from measured runs (docs/accuracy.md): measured / predicted
+    over the stratum's rows, and what was pooled; or that nothing like it was measured."""
+    lines = []
+    for what, bar, measured in (("peak memory", plan.memory_error, "measured / predicted peak"),
+                                ("step time", plan.throughput_error, "measured / predicted step time")):
+        if bar is None:
+            continue
+        if not bar.measured:
+            lines.append(f"{what}: not measured: no run like it ({escape(bar.stratum)}) is among the rows")
+            continue
+        pooled = f"; pooled over {', '.join(bar.pooled)}" if bar.pooled else ""
+        spread = f"p10 {bar.p10:.2f}, median {bar.median:.2f}, p90 {bar.p90:.2f}" if bar.covers < 1 else \
+            f"median {bar.median:.2f}, range {bar.low:.2f}-{bar.high:.2f} (too few for percentiles)"
+        lines.append(f"{what}: {measured} on n = {bar.n} runs like it ({bar.first_look} first-look; stratum "
+                     f"{escape(bar.stratum)}{pooled}): {spread} (docs/accuracy.md)")
+    return lines
 
 
 def _data(plan) -> list[str]:
@@ -133,15 +147,23 @@ def _speed_line(tp, error) -> str:
     """Tokens/s and step time, as a range where they are modelled and the model's error on runs like this is known."""
     what = "tokens of data/s" if tp.real_tokens_per_s is not None else "tokens/s"
     speed = tp.useful_tokens_per_s
-    if error is None or tp.source != "model":
+    if error is None or tp.source != "model" or not error.measured:
+        unmeasured = "; nothing like it measured" if tp.source == "model" and error is not None else ""
         return (f"~{fmt_tokens(speed)} {what}, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
-                f"({_speed_source(tp.source)})")
-    low, high = error.bounds(speed)
+                f"({_speed_source(tp.source)}{unmeasured})")
+    pooled = f", pooled over {', '.join(error.pooled)}" if error.pooled else ""
+    if error.covers == 1.0:  # too few rows for percentiles: the median and the worst, and n
+        typical, slowest = speed / error.median, error.bounds(speed, rate=True)[0]
+        return (f"~{fmt_tokens(typical)} {what}, step {fmt_seconds(tp.step_time_s * error.median)}; at worst "
+                f"{fmt_tokens(slowest)} (modelled, corrected by the median and the worst of {error.n} runs like it"
+                f"{pooled})")
+    low, high = error.bounds(speed, rate=True)
     steps = (speed / high * tp.step_time_s, speed / low * tp.step_time_s)
     unit, scale = ("s", 1) if steps[0] >= 1 else ("ms", 1e3)
     digits = 1 if steps[1] * scale >= 10 else 2
     step = f"{steps[0] * scale:.{digits}f}-{steps[1] * scale:.{digits}f} {unit}"
-    return f"{fmt_tokens(low)}-{fmt_tokens(high)} {what}, step {step} (modelled; 9 in 10 runs like it)"
+    return (f"{fmt_tokens(low)}-{fmt_tokens(high)} {what}, step {step} (modelled; {error.covers:.0%} of {error.n} "
+            f"runs like it fell within{pooled})")
 
 
 def _speed_source(source: str) -> str:
@@ -170,12 +192,17 @@ def step_breakdown(tp, grad_accum: int) -> list[str]:
 
 
 def _closeness(mem, hardware) -> str:
-    """How close to the card the plan runs, and what the margin is for."""
+    """How close to the card the plan runs, what the margin is for and how it was sized."""
     text = (f"peak {mem.peak / GiB:.1f} of {gib(hardware.gpu_memory_bytes)} "
             f"({mem.peak / hardware.gpu_memory_bytes:.0%})")
-    if mem.margin:
-        text += f": {mem.peak_process / GiB:.1f} predicted + {mem.margin / GiB:.1f} margin for its error"
-    return text
+    if mem.margin_basis == NO_MARGIN:
+        return text
+    text += f": {mem.peak_process / GiB:.1f} predicted + {mem.margin / GiB:.1f} margin"
+    if mem.margin_basis == BY_ROWS:
+        return text + f"; fits on 95% of runs like it (n = {mem.margin_rows})"
+    why = "nothing like it measured" if not mem.margin_rows else \
+        f"{mem.margin_rows} runs like it, too few for a 95% margin"
+    return text + f" ({facts.get('memory.activation_margin'):.0%} of activations: {why})"
 
 
 def _difference(cfg, choice) -> str:
@@ -288,9 +315,9 @@ def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
                           *(["—"] * (bool(train_tokens) + priced)))
             continue
         c, h = r.plan.choice, r.plan.hardware
-        # 9 times in 10 the measured speed lies within these bounds (planner.types.ErrorBar); time and cost follow it
+        # the measured speed of runs like it lay within these bounds (planner.types.ErrorBar); time and cost follow
         error = r.plan.throughput_error if c.throughput.source == "model" else None
-        low, high = error.bounds(1.0) if error else (1.0, 1.0)
+        low, high = error.bounds(1.0, rate=True) if error and error.measured else (1.0, 1.0)
         cells = [r.gpu, escape(c.config.label()), _range(c.throughput.tokens_per_s, low, high, fmt_tokens),
                  f"{gib(c.memory.peak)} / {gib(h.gpu_memory_bytes)}"]
         if train_tokens:

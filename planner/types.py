@@ -176,21 +176,43 @@ class SpeedCalibration(BaseModel):
 
 
 class ErrorBar(BaseModel):
-    """How far predictions like this one have been from measurements: the median and 90th percentile absolute relative
-    error over `rows` out-of-sample benchmark rows of the stratum `stratum` (program:gpu:precision, "*" where pooled),
-    from `source` (docs/accuracy.md)."""
+    """How far predictions like this one have been from measurements (planner/uncertainty.py): measured / predicted
+    over `n` rows (`first_look` of them first-look) of the stratum `stratum`, reached by pooling the dimensions in
+    `pooled`; its 10th, 50th and 90th percentiles, and the range of multipliers of a prediction (`low`, `high`) that
+    `covers` of such rows fell within, widened for what was pooled. "not measured": no row is like the plan."""
 
     model_config = ConfigDict(frozen=True)
 
-    median: float
-    p90: float
-    rows: int
+    status: Literal["measured", "not measured"]
     stratum: str
-    source: str
+    pooled: tuple[str, ...] = ()
+    n: int = 0
+    first_look: int = 0
+    p10: float | None = None
+    median: float | None = None
+    p90: float | None = None
+    low: float | None = None
+    high: float | None = None
+    covers: float | None = None
+    source: str = ""
 
-    def bounds(self, value: float) -> tuple[float, float]:
-        """The measured values a prediction `value` stands for, 9 times in 10: prediction / (1 + e), |e| <= p90."""
-        return value / (1 + self.p90), value / max(1e-9, 1 - self.p90)
+    @classmethod
+    def of(cls, bar) -> "ErrorBar":
+        """The plan's record of a planner.uncertainty.Bar."""
+        if not bar.measured:
+            return cls(status="not measured", stratum=bar.stratum.key)
+        s, (low, high) = bar.spread, bar.range
+        return cls(status="measured", stratum=bar.stratum.key, pooled=bar.pooled, n=s.n, first_look=s.first_look,
+                   p10=s.p10, median=s.median, p90=s.p90, low=low, high=high, covers=bar.covers, source=bar.source)
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "measured"
+
+    def bounds(self, value: float, rate: bool = False) -> tuple[float, float]:
+        """The measured values a prediction `value` stands for: `value` times the range; for a rate (tokens/s) of a
+        quantity the rows measured as a time, divided by it."""
+        return (value / self.high, value / self.low) if rate else (value * self.low, value * self.high)
 
 
 class DatasetSummary(BaseModel):
@@ -335,8 +357,7 @@ class Plan(BaseModel):
 
 
 def _error_json(error: ErrorBar | None) -> dict | None:
-    return None if error is None else {"median": error.median, "p90": error.p90, "rows": error.rows,
-                                       "stratum": error.stratum, "source": error.source}
+    return None if error is None else {**error.model_dump(), "pooled": list(error.pooled)}
 
 
 def _step_json(tp: ThroughputInfo | None) -> dict:
@@ -358,4 +379,5 @@ def _memory_json(m: MemoryEstimate) -> dict:
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
             "activations": m.activations, "overhead": m.overhead, "peak_allocated": m.peak_allocated,
             "peak_reserved": m.peak_reserved, "peak": m.peak, "cpu_offload_bytes": m.cpu_offload_bytes,
-            "method": m.method, "terms": m.terms.model_dump()}
+            "method": m.method, "terms": m.terms.model_dump(),
+            "margin": {"bytes": m.margin, "basis": m.margin_basis, "rows": m.margin_rows}}

@@ -66,7 +66,7 @@ def test_dry_run_writes_a_line_per_configuration_and_evidence_files(tmp_path):
     assert [c["id"] for c in whole["configs"]] == [line["id"] for line in lines[1:]]
     for kind, result in found.items():
         assert result["format"] == evidence.FORMAT and result["kind"] == kind and result["rows"] == []
-        assert set(result["summary"]) == {"all", "in_sample", "out_of_sample"} and result["command"]
+        assert set(result["summary"]) == {"all", "first_look", "development", "fitted"} and result["command"]
     assert found["memory"]["metric"] == gv.MEMORY_METRIC
     assert "gpu_validation on H100-80GB" in stdout
 
@@ -81,7 +81,9 @@ def test_a_measured_configuration_gives_evidence_rows_keyed_as_trainplan_results
     assert [r.id for r in memory] == [f"gpt2-bf16/{m}" for m in ("peak_allocated", "peak_reserved", "peak_process")]
     assert [r.id for r in speed] == ["gpt2-bf16/step_time_s"] and speed[0].measured == 0.09
     for row in memory + speed:
-        assert row.group == {"program": "trainer", "gpu": GPU, "precision": "mixed"} and row.data_file == ""
+        assert row.group == {"program": "trainer", "gpu": "H100", "scale": "1-gpu", "engine": "single", "adapter": "none",
+                             "liger": "no-liger", "compiled": "not-compiled", "precision": "mixed"}
+        assert row.data_file == ""
         assert row.facts_used and row.predicted > 0
         assert facts.source_key(row.source) == "trainplan:gpu_validation-H100-80GB"
     results.add(gv.record(case, "ok"), memory, speed)
@@ -118,7 +120,9 @@ def test_the_packed_hook_runs_the_rows_its_plan_predicts():
     assert packed.seq_len == packed.dataset.row_length == case.seq_len and packed.dataset.truncated > 0
     files = probe_files(packed, packed.choice.config)
     assert json.loads(files["plan.json"])["model"]["seq_len"] == case.seq_len
-    twin = gv.plan_of(gv.Case("twin", "unpacked", case.model, case.seq_len, case.micro_batch), GPU)
+    rows = packed.choice.config  # a packed step is the rows that train about the batch's samples: the twin runs as many
+    twin = gv.plan_of(gv.Case("twin", "unpacked", case.model, case.seq_len, case.micro_batch, grad_accum=rows.grad_accum),
+                      GPU)
     assert packed.choice.memory == twin.choice.memory
     assert packed.choice.throughput.step_time_s == twin.choice.throughput.step_time_s
     assert files["training_args.json"] == probe_files(twin, twin.choice.config)["training_args.json"]

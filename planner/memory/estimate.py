@@ -19,6 +19,7 @@ from planner.models.build import build_meta
 from planner.program.trace import trace_activations, trace_sequence_fit
 from planner.program.workload import Workload
 from planner.request import MemoryRequest
+from planner.uncertainty import NO_MARGIN, Margin, Stratum, bar_for, margin_for
 from planner.vocab import (
     ADAPTER, ANALYTIC, AUTO_METHOD, DEEPSPEED, ESTIMATE, LABELS_OBJECTIVE, OFFLOAD, OPTIMIZER,
     SDPA, TORCH, TRACE, Attention, EstimateMethod,
@@ -39,7 +40,7 @@ class MemoryTerms(BaseModel):
     allocator_slack: int = 0       # reserved - allocated
     cuda_context: int = 0          # outside the caching allocator
     nccl_buffers: int = 0          # outside the caching allocator
-    error_margin: int = 0          # held back for the model's measured error on activations (memory.activation_margin)
+    error_margin: int = 0          # held back for the model's measured error (planner/uncertainty.py `margin_for`)
 
     @property
     def allocated_overheads(self) -> int:
@@ -71,6 +72,10 @@ class MemoryEstimate(BaseModel):
     method: EstimateMethod
     device: str                  # cuda | cpu
     terms: MemoryTerms = MemoryTerms()
+    #: how the error margin was sized (planner/uncertainty.py `Margin.basis`): by 95 % of `margin_rows` runs like it,
+    #: by the activation margin (too few rows like it), or none (measured, a bound, or a CPU estimate)
+    margin_basis: str = NO_MARGIN
+    margin_rows: int = 0
 
     @property
     def model_states(self) -> int:
@@ -245,15 +250,22 @@ class Evaluation:
         if device == "cpu":
             tensors += ms.host_tensors
         terms = _terms(spec, cfg, ms, view, transient, device, self.gpu, self.gpus_per_node)
-        if device == "cuda" and not ESTIMATE[method].measured:
-            terms = terms.model_copy(update={"error_margin": int(facts.get("memory.activation_margin") * act)})
         peak_allocated = tensors + terms.allocated_overheads
         overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
+        sized = device == "cuda" and not ESTIMATE[method].measured and not ESTIMATE[method].understated
+        margin = self.margin(cfg, tensors + overhead, act) if sized else Margin(bytes=0, basis=NO_MARGIN)
+        terms = terms.model_copy(update={"error_margin": margin.bytes})
         return MemoryEstimate(
             parameters=ms.parameters, gradients=ms.gradients, optimizer_states=ms.optimizer_states, activations=act,
-            overhead=overhead, peak_allocated=peak_allocated, peak=tensors + overhead + terms.error_margin,
-            cpu_offload_bytes=ms.cpu_bytes, method=method, device=device, terms=terms,
-        )
+            overhead=overhead, peak_allocated=peak_allocated, peak=tensors + overhead + margin.bytes,
+            cpu_offload_bytes=ms.cpu_bytes, method=method, device=device, terms=terms, margin_basis=margin.basis,
+            margin_rows=margin.n)
+
+    def margin(self, cfg: Config, peak_process: int, act: int) -> Margin:
+        """The margin for the model's error on runs like `cfg` (planner/uncertainty.py `margin_for`)."""
+        stratum = Stratum.of_config(cfg, self.gpu.name if self.gpu else None, self.gpus_per_node or cfg.world_size,
+                                    self.resolved.spec.adapter)
+        return margin_for(bar_for("memory", stratum), peak_process, act)
 
 
 def optimizer_transient(spec, cfg: Config, optimizer: str, device: str) -> int:
