@@ -24,8 +24,9 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 #: Cases whose estimate is further from the measured peak than `allowed_error` allows: product defects in
-#: planner/memory, listed so that a fix (or a new miss) shows. Each is checked to be outside still, then xfailed.
-#: (Figures: benchmarks/results/engine_memory_cpu.json.)
+#: planner/memory, each its own strict xfail, so that a fix shows (the case passes, which strict xfail reports). A
+#: defect may shrink but not grow: its miss must stay within what benchmarks/results/engine_memory_cpu.json recorded,
+#: to this comparison's resolution (a larger miss fails the test outright). (Figures: that file.)
 KNOWN_OUTSIDE = {
     "zero2-offload-optimizer": "ZeRO-2 with optimizer offload keeps ~2.9 B per parameter more than modelled (measured "
                                "3.98 MB, predicted 3.66 MB): an unmodelled host-side copy of the gradients or weights",
@@ -35,6 +36,20 @@ KNOWN_OUTSIDE = {
                         "2.25 MB): the trace's 16-bit model and gradients outlive what FSDP2's per-block gathering "
                         "keeps, which the model does not yet follow",
 }
+RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "engine_memory_cpu.json"
+
+
+class KnownMiss(Exception):
+    """A listed defect still outside the allowed error, by no more than it was recorded: the expected failure."""
+
+
+def _recorded_miss(case: str) -> int:
+    row = next(r for r in json.loads(RECORDED.read_text())["rows"] if r["case"] == case)
+    return abs(row["predicted_peak"] - row["measured_peak"])
+
+
+CASES = [pytest.param(case, marks=pytest.mark.xfail(strict=True, raises=KnownMiss, reason=KNOWN_OUTSIDE[case]))
+         if case in KNOWN_OUTSIDE else case for case in bench.CASES]
 #: A predicted peak no machine has: 1 PiB.
 HUGE = 2**50
 
@@ -44,7 +59,7 @@ def model(tmp_path_factory):
     return bench.tiny_model(tmp_path_factory.mktemp("model"))
 
 
-@pytest.mark.parametrize("case", bench.CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_emitted_files_train_as_planned(case, model, tmp_path):
     pytest.importorskip("deepspeed")
     row = bench.run_case(case, model, tmp_path)
@@ -55,8 +70,12 @@ def test_emitted_files_train_as_planned(case, model, tmp_path):
     allowed = allowed_error(case, model, row["world_size"])
     off = row["predicted_peak"] - row["measured_peak"]
     if case in KNOWN_OUTSIDE:
-        assert abs(off) > allowed, f"{case} is now within {allowed} B ({off:+} B): drop it from KNOWN_OUTSIDE"
-        pytest.xfail(KNOWN_OUTSIDE[case])
+        # grown by a whole mis-counted copy: more than the resolution `allowed_error` gives this comparison (a
+        # multi-rank run's peak varies between runs by less: FSDP2's two ranks, 1,872,458 or 1,910,986 B)
+        recorded = _recorded_miss(case)
+        assert abs(off) <= recorded + allowed, f"{case}: the known miss grew from {recorded} B to {abs(off)} B"
+        if abs(off) > allowed:
+            raise KnownMiss(f"{case}: {off:+} B, outside {allowed} B ({KNOWN_OUTSIDE[case]})")
     assert abs(off) <= allowed, f"{case}: predicted {row['predicted_peak']} B, measured {row['measured_peak']} B"
 
 

@@ -97,11 +97,17 @@ def test_deepspeed_and_accelerate_load_emitted_configs(layout, zero, offload, tm
 
 
 def test_fp16_config_has_explicit_loss_scaling(monkeypatch):
+    """The emitted fp16 block spells out DeepSpeed's own dynamic loss scaling defaults (deepspeed/runtime/constants.py
+    FP16_*_DEFAULT), as tests/test_techniques.py compares torch's GradScaler with its signature."""
+    ds = pytest.importorskip("deepspeed.runtime.constants")
     p = plan("gpt2", 64, gpu="T4-16GB", gpus_per_node=8, zero_stage=2)
-    ds = p.to_deepspeed()
-    assert ds["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                          "hysteresis": 2, "min_loss_scale": 1}
-    assert _deepspeed_config(ds, 8, monkeypatch).float16_config.enabled
+    ds_config = p.to_deepspeed()
+    assert ds_config["fp16"] == {
+        ds.FP16_ENABLED: True, ds.FP16_LOSS_SCALE: ds.FP16_LOSS_SCALE_DEFAULT,
+        ds.FP16_INITIAL_SCALE_POWER: ds.FP16_INITIAL_SCALE_POWER_DEFAULT,
+        ds.FP16_LOSS_SCALE_WINDOW: ds.FP16_LOSS_SCALE_WINDOW_DEFAULT, ds.FP16_HYSTERESIS: ds.FP16_HYSTERESIS_DEFAULT,
+        ds.FP16_MIN_LOSS_SCALE: ds.FP16_MIN_LOSS_SCALE_DEFAULT}
+    assert _deepspeed_config(ds_config, 8, monkeypatch).float16_config.enabled
 
 
 @pytest.mark.parametrize("zero,reshard", [(3, True), (2, False)])

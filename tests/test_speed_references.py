@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -73,27 +74,40 @@ def test_the_bound_is_the_widest_disagreement_between_the_h100_sources():
     assert sources_disagree() == pytest.approx(236.3 / 176.62, rel=1e-12)
 
 
-#: Shapes of the sweep (no fact is fitted to it) the model misses the bound on today, a product defect in planner/speed/kernels.py listed so
-#: that any change shows: the 19 with fewer 128x128 output tiles than the H100's 132 SMs (768x768xK, 512x1024x1024,
-#: ...) run 1.4-2.2x faster than modelled, cuBLAS splitting K (split-K / stream-K), which `gemm_efficiency` does not
-#: model; 8192x8192x512 and 512x8192x8192 run 1.4x slower (a short K loop, a short M). The constants chosen on XLA's
-#: table do worse on this sweep than none would: `gemm.tile_exponent` 0 leaves 6 shapes outside, no shape model 7.
-LENT_H100_OUTSIDE = {
-    ("bf16", 512, 3072, 768), ("bf16", 512, 768, 3072), ("bf16", 768, 768, 512), ("bf16", 2048, 768, 768),
-    ("bf16", 2048, 768, 3072), ("bf16", 768, 768, 2048), ("bf16", 768, 768, 8192), ("bf16", 768, 768, 32768),
-    ("bf16", 512, 1024, 1024), ("bf16", 512, 8192, 8192), ("bf16", 8192, 8192, 512),
-    ("fp16", 512, 3072, 768), ("fp16", 512, 768, 3072), ("fp16", 768, 768, 512), ("fp16", 2048, 768, 768),
-    ("fp16", 2048, 768, 3072), ("fp16", 768, 768, 2048), ("fp16", 768, 768, 8192), ("fp16", 768, 768, 32768),
-    ("fp16", 1024, 1024, 2048), ("fp16", 1024, 1024, 8192), ("fp16", 8192, 8192, 512),
-}
+class KnownMiss(Exception):
+    """Points of a documented defect outside the sources' disagreement, each on the defect's side and within the
+    physical limit the defect has: the expected failure of a strict xfail (any other miss fails outright)."""
 
 
-def test_gemm_model_predicts_an_h100_gemm_sweep_its_constants_were_not_chosen_on():
-    """Every bf16 and fp16 shape of the lent H100's sweep that XLA's table lacks (150), each within the sources'
-    disagreement of its measured time, but for the listed defects."""
+def _misses(points) -> dict:
+    """{label: predicted / measured} of the points outside the sources' disagreement (`_outside`)."""
+    return {label: predicted / measured for label, predicted, measured, fixed in points
+            if _outside(predicted, measured, fixed)}
+
+
+def _fast_limit(m, n, k, gpu, eff) -> float:
+    """The most a shape's predicted time can exceed its measured one when cuBLAS runs it faster than the shape model
+    allows: no GEMM runs above the GPU's large-GEMM rate (the catalogue peak times its measured large-GEMM fraction),
+    which the shape model's efficiency (at most 1) scales down; times the sources' disagreement."""
+    return sources_disagree() / speed_kernels.gemm_efficiency(1, m, n, k, eff)
+
+
+def _slow_limit(m, n, k, dtype, gpu, eff) -> float:
+    """The least a shape's predicted time can be of its measured one when it runs slower than modelled: the model
+    takes the longer of compute and memory traffic as if they overlapped whole; a kernel that overlaps them not at
+    all takes their sum, so predicted / measured >= max / sum (at least 1/2), over the sources' disagreement."""
+    peak = gpu.peak_tflops_for(dtype) * 1e12 * speed_kernels.gemm_fraction(m, n, k, dtype, eff, 2)
+    compute = 2 * m * n * k / (peak * speed_kernels.gemm_efficiency(1, m, n, k, eff))
+    memory = (m * k + k * n + m * n) * 2 / speed_kernels.bandwidth(gpu, eff)
+    return max(compute, memory) / (compute + memory) / sources_disagree()
+
+
+def _lent_sweep():
+    """(shape, predicted s, measured s, fixed s) of every bf16 and fp16 shape of the lent H100's sweep that XLA's
+    table lacks; and the facts the predictions read."""
     gpu = lookup_gpu("H100-80GB")
     eff = efficiency(gpu.name)
-    in_sample, outside, checked = _xla_shapes(), {}, 0
+    in_sample, points = _xla_shapes(), []
     with facts.recording() as used:
         for row in _lent_rows():
             m, n, k = row["m"], row["n"], row["k"]
@@ -101,19 +115,54 @@ def test_gemm_model_predicts_an_h100_gemm_sweep_its_constants_were_not_chosen_on
                 continue
             predicted = speed_kernels.gemm_seconds(1, m, n, k, row["dtype"], gpu, eff, 2)
             fixed = GRAPH_SAVES_S if 2 * m * n * k < GRAPH_TIMED_FLOP else 0.0
-            checked += 1
-            if _outside(predicted, row["seconds"], fixed):
-                outside[(row["dtype"], m, n, k)] = predicted / row["seconds"]
-    # the constants under test were read, and none of what was read was fitted to this sweep
+            points.append(((row["dtype"], m, n, k), predicted, row["seconds"], fixed))
+    return points, used
+
+
+def _few_tiles(shape) -> bool:
+    """Fewer 128x128 output tiles than the H100's SMs: a shape cuBLAS may split along K (split-K / stream-K)."""
+    _, m, n, _ = shape
+    return math.ceil(m / 128) * math.ceil(n / 128) < efficiency("H100-80GB").sm_count
+
+
+def test_the_lent_sweep_is_out_of_sample_for_the_gemm_model():
+    """The constants under test were read, none of what was read was fitted to the sweep, and it holds shapes of both
+    kinds the tests below split it into."""
+    points, used = _lent_sweep()
     assert {"gemm.k_half", "gemm.tile_exponent", "gemm.latency_s"} <= used
     assert facts.in_sample_by(used, LENT_GEMMS.name, None, f"benchmarks/results/{LENT_GEMMS.name}") == []
-    assert checked == 150
-    assert set(outside) == LENT_H100_OUTSIDE, _changes(outside, LENT_H100_OUTSIDE)
+    assert any(_few_tiles(shape) for shape, *_ in points) and not all(_few_tiles(shape) for shape, *_ in points)
 
 
-def _changes(outside: dict, known: set) -> str:
-    new = {shape: f"{ratio:.2f}x the measured time" for shape, ratio in outside.items() if shape not in known}
-    return f"newly outside the bound: {new}; now within it (drop from the list): {sorted(known - set(outside))}"
+@pytest.mark.parametrize("few_tiles", [
+    pytest.param(True, id="fewer-tiles-than-SMs", marks=pytest.mark.xfail(
+        strict=True, raises=KnownMiss, reason="shapes with fewer 128x128 tiles than SMs run up to 2.2x faster than "
+        "modelled: cuBLAS splits K (split-K / stream-K), which gemm_efficiency does not model")),
+    pytest.param(False, id="a-wave-or-more", marks=pytest.mark.xfail(
+        strict=True, raises=KnownMiss, reason="8192x8192x512 and 512x8192x8192 run 1.4x slower than modelled: a "
+        "512 dimension against two of 8192, unexplained by the model's mechanisms")),
+])
+def test_gemm_model_predicts_an_h100_gemm_sweep_its_constants_were_not_chosen_on(few_tiles):
+    """Every bf16 and fp16 shape of the lent H100's sweep that XLA's table lacks, within the sources' disagreement of
+    its measured time, split at the defect: shapes with fewer 128x128 tiles than SMs, and the rest. A miss in the
+    defect's direction within its physical limit (`_fast_limit`, `_slow_limit`) is the known defect; any other
+    fails outright."""
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    points, _ = _lent_sweep()
+    outside = _misses([p for p in points if _few_tiles(p[0]) == few_tiles])
+    for (dtype, m, n, k), ratio in outside.items():
+        if few_tiles:  # the defect: modelled slower, by no more than the large-GEMM rate allows
+            assert 1 < ratio <= _fast_limit(m, n, k, gpu, eff), f"{(dtype, m, n, k)}: predicted {ratio:.2f}x"
+        else:  # the defect: modelled faster, by no more than running compute and memory one after the other allows
+            assert _slow_limit(m, n, k, dtype, gpu, eff) <= ratio < 1, f"{(dtype, m, n, k)}: predicted {ratio:.2f}x"
+    if outside:
+        raise KnownMiss(_changes(outside))
+
+
+def _changes(outside: dict) -> str:
+    return "outside the bound: " + ", ".join(f"{shape} {ratio:.2f}x the measured time"
+                                             for shape, ratio in sorted(outside.items()))
 
 
 def _unfitted_small_gemm_points():
@@ -130,30 +179,28 @@ def _unfitted_small_gemm_points():
             yield name, point["dtype"], point["m"], point["n"], point["k"], point["value"]
 
 
-#: Points the model misses the bound on today (product defect, planner/speed/kernels.py), every one predicted slower
-#: than measured, by 1.4-2.0x: wave quantization over whole tiles under-rates what cuBLAS reaches at 1024^3 and 2048^3
-#: (the L4's, at 72 W, also run at a higher clock than its sustained 8192^3 fraction).
-OTHER_GPUS_OUTSIDE = {
-    ("L4-24GB", "bf16", 1024), ("L4-24GB", "bf16", 2048), ("A100-40GB", "fp16", 2048), ("A100-40GB", "tf32", 1024),
-    ("A100-40GB", "tf32", 2048), ("H100-PCIe-80GB", "bf16", 1024), ("H100-PCIe-80GB", "bf16", 2048),
-    ("RTX4090-24GB", "bf16", 1024),
-}
-
-
+@pytest.mark.xfail(strict=True, raises=KnownMiss, reason="square GEMMs of 1024-2048 on six GPUs run up to 2.0x faster "
+                   "than modelled: wave quantization over whole tiles under-rates what cuBLAS reaches there")
 def test_gemm_model_predicts_small_gemms_on_gpus_its_constants_never_saw():
-    """27 square torch.mm points on six GPUs (V100, A10G, L4, A100-40GB, H100 PCIe, RTX 4090), each within the
-    sources' disagreement of its measured time, but for the listed defects."""
-    outside, checked = {}, 0
+    """zzc0721's square torch.mm points on six GPUs (V100, A10G, L4, A100-40GB, H100 PCIe, RTX 4090), each within the
+    sources' disagreement of its measured time. The known defect's misses are all predicted slower than measured, and
+    none faster than the GPU's large-GEMM rate allows (`_fast_limit`); any other miss fails outright."""
+    points, limits = [], {}
     for name, dtype, m, n, k, tflops in _unfitted_small_gemm_points():
         gpu = lookup_gpu(name)
+        eff = efficiency(name)
         elem = 2 if dtype in ("bf16", "fp16") else 4
-        predicted = speed_kernels.gemm_seconds(1, m, n, k, dtype, gpu, efficiency(name), elem)
-        measured = 2 * m * n * k / (tflops * 1e12)
-        checked += 1
-        if _outside(predicted, measured, 0.0):  # timed eagerly (test.py: CUDA events around 30 calls): no graph
-            outside[(name, dtype, m)] = predicted / measured
-    assert checked == 27
-    assert set(outside) == OTHER_GPUS_OUTSIDE, _changes(outside, OTHER_GPUS_OUTSIDE)
+        predicted = speed_kernels.gemm_seconds(1, m, n, k, dtype, gpu, eff, elem)
+        # timed eagerly (test.py: CUDA events around 30 calls): no graph
+        points.append(((name, dtype, m), predicted, 2 * m * n * k / (tflops * 1e12), 0.0))
+        limits[(name, dtype, m)] = _fast_limit(m, n, k, gpu, eff)
+    assert {name for (name, _, _), *_ in points} >= {"V100-16GB", "A10G-24GB", "L4-24GB", "A100-40GB",
+                                                       "H100-PCIe-80GB", "RTX4090-24GB"}
+    outside = _misses(points)
+    for label, ratio in outside.items():
+        assert 1 < ratio <= limits[label], f"{label}: predicted {ratio:.2f}x the measured time"
+    if outside:
+        raise KnownMiss(_changes(outside))
 
 
 #: NCCL all-reduce bus bandwidth, 4 GiB across 4 nodes of 8 GPUs with 50 GBps of EFA per GPU, NCCL 2.27.7

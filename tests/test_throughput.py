@@ -4,10 +4,17 @@ dispatches what, attention kernels, causal masking), the micro-step's CPU/GPU ov
 
 from __future__ import annotations
 
-import math
+import functools
+import json
+import re
+import statistics
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_speed_references import sources_disagree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.config import Config
@@ -19,11 +26,10 @@ from planner.program.profile import (
 )
 from planner.program.workload import Workload
 from planner.notes import Verdict
-from planner.refine import _recalibrated, speed_calibrations_from
+from planner.refine import retimed, speed_calibrations_from
 from planner.speed import communication as speed_comm
 from planner.speed import kernels as speed_kernels
 from planner.speed import optimizer as speed_optim
-from planner.speed import step as speed_step
 from planner.speed.model import SpeedModel, speed_profile
 from planner.types import Candidate, Measurement, ThroughputInfo
 
@@ -74,27 +80,164 @@ def test_metadata_queries_are_not_counted_as_dispatches():
     assert recorder.profile.dispatch[PY_KERNELS] == 3  # ones, add, sum
 
 
-#: The lent H100 node's host, measured (benchmarks/results/gpu_mechanisms-H100-80GB-2026-11-22.json `overheads`): a
-#: Python-issued op that launches a kernel takes 11.469 us (python_kernel_us), a Python view op 1.3728 us
-#: (python_view_us). efficiency.json stores both rounded to 0.1 us (11.5, 1.4), so a time worked by hand from the
-#: measured figures is allowed half of 0.1 us per op: 0.44% of a kernel launch, 3.64% of a view op.
-H100_HOST_KERNEL_US, H100_HOST_VIEW_US = 11.469, 1.3728
-KERNEL_ROUNDING, VIEW_ROUNDING = 0.05 / 11.469, 0.05 / 1.3728
-#: benchmarks/results/checkpoint_host_cost.json `result`: one checkpointed block's bookkeeping, and one op passing a
-#: selective policy, in Python view ops of the host that measured them (876.59 and 21.048; stored as 877 and 21.0)
-CHECKPOINT_BLOCK_VIEW_OPS, POLICY_OP_VIEW_OPS = 876.59, 21.048
+#: Single-GPU training steps measured on a lent H100 (benchmarks/data/gpu_measured_h100.json): each row's micro-step
+#: and optimizer step, the truth the speed model's micro-step and optimizer step are compared with below.
+H100_MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gpu_measured_h100.json"
+#: How far a modelled time may be from a measured one: the widest disagreement between two measurements of one input
+#: the model reads (tests/test_speed_references.py `sources_disagree`: one GEMM shape timed on two H100 units, 1.338).
+#: A sum or a maximum of terms each within a factor r of the truth is within r of it, so a micro-step (the longer of
+#: its kernels' sum and its host's) or an optimizer step the model has every part of lies within it.
+AS_CLOSE_AS_ITS_INPUTS = sources_disagree()
 
 
-def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels():
+def _h100_rows() -> list[dict]:
+    return json.loads(H100_MEASURED.read_text())["rows"]
+
+
+def _label(row: dict) -> str:
+    return (f"{row['model'].split('/')[-1]}-s{row['seq_len']}-{row['precision']}-{row['checkpointing']}"
+            f"-mb{row['micro_batch']}")
+
+
+@functools.lru_cache(maxsize=None)
+def _h100_speed(model: str, seq_len: int) -> SpeedModel:
+    gpu = lookup_gpu("H100-80GB")
+    return SpeedModel(Workload(resolve_model(model), seq_len=seq_len, optimizer="adamw", gpu=gpu), gpu, 1)
+
+
+def _h100_config(row: dict) -> Config:
+    return Config(micro_batch=row["micro_batch"], grad_accum=row["batch"] // row["micro_batch"], world_size=1,
+                  precision=row["precision"], checkpointing=row["checkpointing"], zero_stage=0, offload="none")
+
+
+def _h100_modelled(row: dict) -> ThroughputInfo:
+    """The speed model's step for a measured row (the probes' training script: the Trainer's fused AdamW)."""
+    return _h100_speed(row["model"], row["seq_len"])(_h100_config(row))
+
+
+def _micro_step(row: dict) -> float:
+    tp = _h100_modelled(row)
+    return tp.parts.compute / _h100_config(row).grad_accum
+
+
+def _within(predicted: float, measured: float) -> bool:
+    return measured / AS_CLOSE_AS_ITS_INPUTS <= predicted <= measured * AS_CLOSE_AS_ITS_INPUTS
+
+
+class KnownMiss(Exception):
+    """Rows of a documented defect outside `AS_CLOSE_AS_ITS_INPUTS`, each on the defect's side: the expected failure
+    of a strict xfail (a miss on the other side fails outright)."""
+
+
+_DISPATCH = st.dictionaries(st.sampled_from([PY_KERNELS, ENGINE_KERNELS, PY_VIEWS, MODULE_CALLS, POLICY_OPS]),
+                            st.floats(0, 1e5), max_size=5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(gemms=st.floats(1, 1e3), side=st.sampled_from([64, 1024, 8192]), a=_DISPATCH, b=_DISPATCH)
+def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels(gemms, side, a, b):
+    """The host dispatches asynchronously: a micro-step is the longer of its kernels and its host's dispatch of them;
+    the host's time adds up over what it dispatches, and dispatching is no GPU time."""
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    matmuls = {f"1,{side},{side},{side},half,forward,0100": gemms}
+
+    def step(dispatch):
+        return speed_kernels.micro_step(Profile(matmuls=matmuls, dispatch=dispatch), 1.0, "bf16-mixed", gpu, eff)
+
+    both = {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
+    assert step(both).seconds == max(step(both).cpu_s, step(both).gpu_s)
+    assert step(both).cpu_s == pytest.approx(step(a).cpu_s + step(b).cpu_s, rel=1e-9, abs=1e-15)
+    assert step(a).gpu_s == step(b).gpu_s == step({}).gpu_s
+
+
+@pytest.mark.xfail(strict=True, raises=KnownMiss, reason="host-bound micro-steps on the lent H100 run 1.5-2.3x "
+                   "longer than modelled (BERT-large mb 8, BLOOM-560m's checkpointed steps): host work the model does "
+                   "not count")
+def test_a_host_bound_micro_step_takes_what_the_lent_h100_measured():
+    """Every measured step the model calls host-bound (its dispatch longer than its kernels), its micro-step within
+    `AS_CLOSE_AS_ITS_INPUTS` of the measured one. The known defect's misses are all modelled short."""
+    bound = [row for row in _h100_rows() if _h100_modelled(row).parts.bound() == "CPU-bound"]
+    assert bound
+    outside = {_label(r): _micro_step(r) / r["micro_step_s"] for r in bound if not _within(_micro_step(r),
+                                                                                            r["micro_step_s"])}
+    assert all(ratio < 1 for ratio in outside.values()), outside
+    if outside:
+        raise KnownMiss(outside)
+
+
+#: The measured none/full pairs whose steps are host-bound or near it on the lent H100
+HOST_BOUND_PAIRS = ("gpt2-s1024-bf16-mixed-none-mb4", "bloom-560m-s1024-bf16-mixed-none-mb2",
+                    "Llama-3.2-1B-s2048-bf16-mixed-none-mb1", "bert-large-uncased-s512-bf16-mixed-none-mb8")
+
+
+def test_each_checkpointed_block_costs_the_host_its_bookkeeping_and_no_gpu_time():
+    """Full checkpointing's bookkeeping per block is host time only, and less than what full checkpointing's micro-step
+    measured over none's per block on the lent H100 in host-bound steps (GPT-2 mb 4, BLOOM-560m mb 2, Llama-3.2-1B
+    mb 1, BERT-large mb 8: at least 2.71 ms; gpu_measured_h100.json), which holds the bookkeeping and the recomputed
+    forward's own host time."""
     gpu = lookup_gpu("H100-80GB")
     eff = efficiency(gpu.name)
     small = Profile(matmuls={"1,64,64,64,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
-    step = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
-    # 100 tiny GEMMs issued from Python on the lent H100's host: 100 x 11.469 us = 1.147 ms, the host's time
-    assert step.seconds == step.cpu_s == pytest.approx(100 * H100_HOST_KERNEL_US * 1e-6, rel=KERNEL_ROUNDING)
-    big = Profile(matmuls={"1,8192,8192,8192,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
-    step = speed_kernels.micro_step(big, 1.0, "bf16-mixed", gpu, eff)
-    assert step.seconds == step.gpu_s > step.cpu_s
+    plain = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
+    checkpointed = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff, checkpointed_blocks=24)
+    assert checkpointed.gpu_s == plain.gpu_s and checkpointed.cpu_s > plain.cpu_s
+    pairs = {_label(none): (none, full) for none, full in _pairs("none", "full")}
+    per_block = [(full["micro_step_s"] - none["micro_step_s"]) / resolve_model(none["model"]).spec.layers
+                 for none, full in (pairs[label] for label in HOST_BOUND_PAIRS)]
+    assert (checkpointed.cpu_s - plain.cpu_s) / 24 < min(per_block)
+
+
+def _pairs(first: str, second: str) -> list[tuple[dict, dict]]:
+    """(the `first` checkpointing's row, the `second`'s) of every measured configuration that ran both at one
+    micro-batch, sequence and precision."""
+    rows = {(r["model"], r["seq_len"], r["batch"], r["precision"], r["micro_batch"], r["checkpointing"]): r
+            for r in _h100_rows()}
+    return [(row, rows[(*key[:5], second)]) for key, row in rows.items()
+            if key[5] == first and (*key[:5], second) in rows]
+
+
+#: Pairs whose measured cost of full checkpointing the model misses (product defect, planner/speed): in these bf16
+#: steps full checkpointing costs 1.6-4.5x more than modelled (GPT-2 mb 4: 33.0 ms measured, 7.3 modelled).
+FULL_COSTS_MORE = {"gpt2-s1024-bf16-mixed-none-mb4", "bloom-560m-s1024-bf16-mixed-none-mb2",
+                   "Llama-3.2-1B-s2048-bf16-mixed-none-mb1", "bert-large-uncased-s512-bf16-mixed-none-mb8",
+                   "bert-large-uncased-s512-bf16-mixed-none-mb32"}
+
+
+_FULL_COSTS_MORE = pytest.mark.xfail(strict=True, raises=AssertionError, reason="full checkpointing costs 1.6-4.5x "
+                                     "more than modelled in these bf16 steps: unmodelled work in the recompute")
+
+
+@pytest.mark.parametrize("none, full", [
+    pytest.param(*pair, id=_label(pair[0]), marks=[_FULL_COSTS_MORE] if _label(pair[0]) in FULL_COSTS_MORE else [])
+    for pair in _pairs("none", "full")])
+def test_full_checkpointing_costs_what_the_lent_h100_measured(none, full):
+    """Full checkpointing's micro-step minus none's at one micro-batch, modelled and measured: the recomputed
+    forward and the bookkeeping, a sum of parts within `AS_CLOSE_AS_ITS_INPUTS`."""
+    assert _within(_micro_step(full) - _micro_step(none), full["micro_step_s"] - none["micro_step_s"])
+
+
+@pytest.mark.parametrize("selective, full", [
+    pytest.param(*pair, id=_label(pair[0]), marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason="selective checkpointing saves ~4x more than modelled against "
+        "full in BLOOM-560m's steps at micro-batch 4: its recompute of the attention and MLP costs more than modelled"))
+    for pair in _pairs("selective", "full")])
+def test_selective_checkpointing_saves_what_the_lent_h100_measured(selective, full):
+    """Full checkpointing's micro-step minus selective's at one micro-batch (what selective saves: the recompute of
+    what its policy keeps, less the policy's own host time), modelled and measured."""
+    assert _within(_micro_step(full) - _micro_step(selective), full["micro_step_s"] - selective["micro_step_s"])
+
+
+def test_a_selective_policy_runs_no_python_under_torch_compile():
+    """torch.compile traces the policy into the graph: no op passes its Python dispatch mode at run time. (How many
+    ops pass it eagerly, from a trace: `test_the_traced_selective_profile_counts_every_recomputed_forward_op_twice_for_
+    its_policy`.)"""
+    block = Profile(dispatch={PY_KERNELS: 50.0, PY_VIEWS: 30.0, MODULE_CALLS: 9.0, ENGINE_KERNELS: 70.0})
+    base = Profile(matmuls={"1,64,64,64,half,forward,0100": 1.0}, dispatch={PY_KERNELS: 100.0})
+    selective = base.scaled_add(block, 24, policy=True)
+    assert selective.dispatch[POLICY_OPS] > 0 and POLICY_OPS not in base.scaled_add(block, 24).dispatch
+    assert POLICY_OPS not in selective.compiled({"forward": 1.0, "backward": 1.0},
+                                                {"forward": 1.0, "backward": 1.0}).dispatch
 
 
 def test_the_device_time_by_kind_adds_up_to_the_micro_steps(gpt2_profile):
@@ -106,41 +249,6 @@ def test_the_device_time_by_kind_adds_up_to_the_micro_steps(gpt2_profile):
     gemms = Profile(matmuls={"1,4096,4096,4096,half,forward,0100": 3.0})
     assert speed_kernels.device_time(gemms, 1.0, "bf16-mixed", gpu, eff) == speed_kernels.DeviceTime(
         gemm_s=3 * speed_kernels.gemm_seconds(1, 4096, 4096, 4096, "bf16", gpu, eff, 2), attention_s=0.0, memory_s=0.0)
-
-
-def test_each_checkpointed_block_costs_the_host_its_measured_bookkeeping():
-    gpu = lookup_gpu("H100-80GB")
-    eff = efficiency(gpu.name)
-    small = Profile(matmuls={"1,64,64,64,half,forward,0100": 100.0}, dispatch={PY_KERNELS: 100.0})
-    plain = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff)
-    checkpointed = speed_kernels.micro_step(small, 1.0, "bf16-mixed", gpu, eff, checkpointed_blocks=24)
-    # 24 blocks of 876.59 view ops on the lent H100's host at 1.3728 us each: 28.88 ms more host time, no GPU time
-    extra = checkpointed.cpu_s - plain.cpu_s
-    assert extra == pytest.approx(24 * CHECKPOINT_BLOCK_VIEW_OPS * H100_HOST_VIEW_US * 1e-6,
-                                  rel=VIEW_ROUNDING + 0.5 / 876.59)
-    assert checkpointed.gpu_s == plain.gpu_s
-    # measured on that node: full checkpointing's micro-step minus none's, per block, in host-bound steps (GPT-2 mb 4,
-    # BLOOM-560m mb 2, Llama-3.2-1B mb 1, BERT-large mb 8: 2.75, 2.71, 2.89, 5.12 ms; benchmarks/results/
-    # gpu_validation-H100-80GB-2026-11-22-allocator-matrix-0_14.json micro_step_s) holds the bookkeeping and the
-    # recomputed forward's own host time: the bookkeeping alone is less than the least of them
-    assert extra / 24 < 2.71e-3
-
-
-def test_a_selective_policy_costs_the_host_each_op_it_handles_twice():
-    """torch's per-op SAC runs a Python dispatch mode over every op of a checkpointed block, in its forward and in its
-    recompute: 2 x blocks x the block's forward ops, each at the measured policy cost; none under torch.compile."""
-    gpu = lookup_gpu("H100-80GB")
-    eff = efficiency(gpu.name)
-    block = Profile(dispatch={PY_KERNELS: 50.0, PY_VIEWS: 30.0, MODULE_CALLS: 9.0, ENGINE_KERNELS: 70.0})
-    base = Profile(matmuls={"1,64,64,64,half,forward,0100": 1.0}, dispatch={PY_KERNELS: 100.0})
-    full, selective = base.scaled_add(block, 24), base.scaled_add(block, 24, policy=True)
-    assert selective.dispatch[POLICY_OPS] == 2 * 24 * (50 + 30) and POLICY_OPS not in full.dispatch
-    extra = speed_kernels.cpu_seconds(selective, eff) - speed_kernels.cpu_seconds(full, eff)
-    # 3,840 ops through the policy, each 21.048 view ops of the lent H100's host at 1.3728 us: 110.9 ms
-    assert extra == pytest.approx(3840 * POLICY_OP_VIEW_OPS * H100_HOST_VIEW_US * 1e-6,
-                                  rel=VIEW_ROUNDING + 0.05 / 21.048)
-    assert POLICY_OPS not in selective.compiled({"forward": 1.0, "backward": 1.0},
-                                                {"forward": 1.0, "backward": 1.0}).dispatch
 
 
 def test_the_traced_selective_profile_counts_every_recomputed_forward_op_twice_for_its_policy():
@@ -177,24 +285,44 @@ def test_fp32_runs_slower_than_bf16_and_checkpointing_costs_recomputation():
     assert step(micro_batch=8) < 2 * step()          # a larger micro-batch uses the GPU better
 
 
-def _candidate(compute, optimizer, micro_batch=4, grad_accum=2, source="model", precision="bf16-mixed"):
-    cfg = Config(micro_batch=micro_batch, grad_accum=grad_accum, world_size=1, precision=precision,
-                 checkpointing="none", zero_stage=0, offload="none")
-    parts = speed_step.StepParts(compute=compute, optimizer=optimizer)
-    tp = ThroughputInfo(tokens_per_s=1000.0 / (compute + optimizer), samples_per_s=1.0, mfu=0.3,
-                        step_time_s=compute + optimizer, source=source, parts=parts)
-    return Candidate(config=cfg, memory=None, throughput=tp, verdict=Verdict(kind="fits"))
+def _h100_candidates() -> list[tuple[dict, Candidate, Measurement]]:
+    """(row, the model's candidate, what the probe measured) for every step the lent H100 measured."""
+    found = []
+    for row in _h100_rows():
+        cfg = _h100_config(row)
+        tp = _h100_modelled(row)
+        step = cfg.grad_accum * row["micro_step_s"] + row["optimizer_step_s"]
+        measured = Measurement(status="ok", micro_step_s=row["micro_step_s"], optimizer_step_s=row["optimizer_step_s"],
+                               step_time_s=step)
+        found.append((row, Candidate(config=cfg, memory=None, throughput=tp, verdict=Verdict(kind="fits")), measured))
+    return found
+
+
+def test_a_probe_calibrates_its_own_candidate_to_what_it_measured():
+    """Calibrated from its own measurement, a candidate's step is the measured step (its accumulation of measured
+    micro-steps and the measured optimizer step)."""
+    for row, cand, measured in _h100_candidates():
+        calibrated = retimed(cand, speed_calibrations_from({cand.config: (cand, measured)}))
+        assert calibrated.throughput.source == "calibrated"
+        assert calibrated.throughput.step_time_s == pytest.approx(measured.step_time_s, rel=1e-9), _label(row)
 
 
 def test_probes_calibrate_the_speed_of_unprobed_candidates():
-    probed = _candidate(compute=2.0, optimizer=0.5)  # modelled: 1.0 s per micro-step
-    measured = Measurement(status="ok", micro_step_s=1.5, optimizer_step_s=0.25, step_time_s=3.25)
-    calib = speed_calibrations_from({probed.config: (probed, measured)})["mixed"]
-    assert (calib.micro_step, calib.optimizer_step, calib.probes, calib.precision) == (1.5, 0.5, 1, "mixed")
-    other = _recalibrated(_candidate(compute=4.0, optimizer=0.5, grad_accum=4), calib)
-    assert other.throughput.source == "calibrated"
-    assert other.throughput.step_time_s == pytest.approx(4.0 * 1.5 + 0.5 * 0.5)
-    assert other.throughput.tokens_per_s == pytest.approx(1000.0 / 4.5 * 4.5 / 6.25)
+    """Leave one out over the lent H100's steps (benchmarks/probe_calibration.py's check): each step in turn is the
+    probe, and every other step of the same model and precision family is predicted from it. Calibrated, they are
+    nearer their measured step times than the model alone puts them (median |error|)."""
+    rows = _h100_candidates()
+    plain, calibrated = [], []
+    for probe_row, probe, measured in rows:
+        speeds = speed_calibrations_from({probe.config: (probe, measured)})
+        for row, target, truth in rows:
+            if row is probe_row or row["model"] != probe_row["model"] or \
+                    target.config.precision_family() != probe.config.precision_family():
+                continue
+            plain.append(abs(target.throughput.step_time_s / truth.step_time_s - 1))
+            calibrated.append(abs(retimed(target, speeds).throughput.step_time_s / truth.step_time_s - 1))
+    assert len(plain) > 100 and statistics.median(calibrated) < statistics.median(plain)
+    probed = rows[0][1]
     failed = Measurement(status="error", reason="boom")
     assert speed_calibrations_from({probed.config: (probed, failed)}) == {}
 
@@ -225,15 +353,36 @@ def test_the_users_network_sets_the_inter_node_bandwidth():
     assert given.nic_GBps == 50 / 8 and given.network == "given"
 
 
-@pytest.mark.parametrize("dims, rate", [((4096, 50257, 768), "misaligned"), ((4096, 30522, 1024), "misaligned_align2"),
-                                        ((4096, 1020, 1024), "misaligned_align2"), ((4096, 1024, 4096), "aligned")])
-def test_16_bit_gemm_rate_follows_the_alignment_of_its_dimensions(dims, rate):
-    """cuBLAS runs align1 kernels for an odd dimension (GPT-2's vocabulary), align2/align4 ones for an even dimension
-    that is not a multiple of 8 (BERT's), full-width ones otherwise; fp32 has no such rule."""
+PROFILES = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob(
+    "gpu_profile_step-H100-80GB-*.json"))
+ALIGNED_KERNEL = re.compile(r"_align([124])\b")
+
+
+def _profiled_heads() -> list:
+    """(model, head GEMM shape, alignment of the cuBLAS kernels the step ran for it: 1, 2 or 4, 8 where no narrower
+    kernel ran) of every 16-bit step the lent H100 profiled (benchmarks/results/gpu_profile_step-H100-80GB-*.json)."""
+    found = {}
+    for path in PROFILES:
+        for row in json.loads(path.read_text())["rows"]:
+            if row["precision"] == "fp32" or not row.get("profile"):
+                continue
+            names = [op["name"] for op in row["profile"]["ops"]]
+            narrow = {int(m.group(1)) for name in names if (m := ALIGNED_KERNEL.search(name))}
+            spec = resolve_model(row["model"]).spec
+            shape = (row["micro_batch"] * row["seq_len"], spec.vocab, spec.hidden)
+            found[(row["model"], shape)] = min(narrow) if narrow else 8
+    return [pytest.param(model, shape, alignment, id=f"{model.split('/')[-1]}-{shape[0]}")
+            for (model, shape), alignment in sorted(found.items())]
+
+
+@pytest.mark.parametrize("model, shape, alignment", _profiled_heads())
+def test_16_bit_gemm_rate_follows_the_alignment_cublas_ran(model, shape, alignment):
+    """The LM head's GEMM in each profiled 16-bit step: cuBLAS ran `_align1` kernels for GPT-2's odd vocabulary,
+    `_align2` for BERT's even one, and none for Llama-3.2-1B's multiple of 8. The rate the model takes for the shape is
+    that alignment's (the rates themselves: tests/test_facts.py, derived from these profiles)."""
     eff = efficiency("H100-80GB")
-    expected = eff.matmul["bf16"] if rate == "aligned" else getattr(eff, rate)
-    assert speed_kernels.gemm_fraction(*dims, "bf16", eff, 2) == expected
-    assert speed_kernels.gemm_fraction(*dims, "fp32", eff, 4) == eff.matmul["fp32"]
+    expected = {1: eff.misaligned, 2: eff.misaligned_align2, 4: eff.misaligned_align2, 8: eff.matmul["bf16"]}
+    assert speed_kernels.gemm_fraction(*shape, "bf16", eff, 2) == expected[alignment]
     assert eff.misaligned < eff.misaligned_align2 < eff.matmul["bf16"]
 
 
@@ -253,70 +402,140 @@ def test_gradients_are_ready_in_reverse_model_order_with_the_embedding_table_las
     assert llama[0] == (525336576.0, 525336576) and llama[-1] == (0.0, 525336576)  # lm_head first, table last
 
 
+def _torch_buckets(sizes_in_ready_order: list[int], grad_bytes: int, caps: tuple[int, int]) -> list[int]:
+    """The bytes of each bucket torch's DDP reducer makes of gradients of these sizes (fp32 meta tensors in the order
+    they are ready), with its first-bucket and later caps (torch/csrc/distributed/c10d/reducer.cpp
+    `compute_bucket_assignment_by_size`), in the order the buckets fill."""
+    from torch._C._distributed_c10d import _compute_bucket_assignment_by_size
+
+    assert grad_bytes == 4
+    tensors = [torch.empty(n, device="meta") for n in sizes_in_ready_order]
+    buckets, _ = _compute_bucket_assignment_by_size(tensors, list(caps), [False] * len(tensors))
+    return [sum(sizes_in_ready_order[i] for i in bucket) * grad_bytes for bucket in sorted(buckets, key=min)]
+
+
 def test_gradient_buckets_close_at_their_cap_in_the_order_gradients_are_ready():
-    # 4 bytes per element, caps 100 B for the first bucket, 150 B after: work 60|40|30|20|10|0 of 160
+    """A toy of 40, 30, 20, 10 and 100 elements in the order they are ready, caps 100 B then 150 B."""
     buckets = speed_comm.gradient_buckets(_toy_spec(True), 4, (100, 150))
-    assert [(b.ready, b.nbytes) for b in buckets] == [
-        (100 / 160, 160),        # the 40-element tensor alone passes the first cap
-        (150 / 160, 200),        # 30 + 20 elements: 200 B >= 150
-        (1.0, 440)]              # 10 + the 100-element table, ready when the backward ends
+    assert [b.nbytes for b in buckets] == _torch_buckets([40, 30, 20, 10, 100], 4, (100, 150))
+    assert [b.ready for b in buckets] == sorted(b.ready for b in buckets) and buckets[-1].ready == 1.0
 
 
-def test_exposed_communication_follows_the_bucket_timeline():
-    buckets = [speed_comm.Bucket(0.25, 2.0), speed_comm.Bucket(0.5, 1.0), speed_comm.Bucket(1.0, 3.0)]
-    # backward of 8 s: the first runs 2-4 s, the second 4-5 s, the last 8-11 s: 3 s after the backward
-    assert speed_comm.exposed_seconds(buckets, 8.0, lambda nbytes: nbytes) == pytest.approx(3.0)
-    # a 2 s backward: 0.5-2.5, 2.5-3.5, 3.5-6.5: 4.5 s exposed
-    assert speed_comm.exposed_seconds(buckets, 2.0, lambda nbytes: nbytes) == pytest.approx(4.5)
+@pytest.mark.parametrize("model", ["openai-community/gpt2", "google-bert/bert-large-uncased"])
+def test_gradient_buckets_are_torchs_ddp_buckets(model):
+    """DDP's buckets of a real model's gradients (fp32, in reverse parameter order, DDP's default caps: 1 MiB for the
+    first bucket, 25 MiB after) are what torch's own reducer assigns."""
+    from planner import facts
+
+    spec = resolve_model(model).spec
+    caps = (facts.get("ddp.first_bucket_bytes"), facts.get("ddp.bucket_cap_bytes"))
+    from torch.nn.parallel.distributed import _BucketCapacityConfig
+
+    defaults = _BucketCapacityConfig.create(None, None, False)  # DDP's own defaults (bucket_cap_mb=None)
+    assert caps == (defaults.first_bucket_bytes_cap, defaults.bucket_bytes_cap)
+    ready = [numel for _, numel in speed_comm.gradient_order(spec) if numel]
+    assert [b.nbytes for b in speed_comm.gradient_buckets(spec, 4, caps)] == _torch_buckets(ready, 4, caps)
 
 
-def test_sharded_blocks_hide_their_gathers_behind_the_block_before():
-    # 4 blocks, 1 s gather each, forward 8 s (2 s a block) hides all but the first gather; a backward of 4 s
-    # (1 s a block) cannot hide the regather + reduce (2 s): 1 s a block is exposed, plus the first and the last
-    assert speed_comm.sharded_exposed_seconds(4, 1.0, 1.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 2.0 + 3 * 1.0)
-    # stage 2 keeps the forward's weights: only the reduce-scatters in the backward, all hidden but the last
-    assert speed_comm.sharded_exposed_seconds(4, 1.0, 0.0, 1.0, 8.0, 4.0) == pytest.approx(1.0 + 1.0)
+_BUCKETS = st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 10.0)), min_size=1, max_size=8).map(
+    lambda pairs: [speed_comm.Bucket(ready, nbytes) for ready, nbytes in sorted(pairs)])
 
 
-def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather():
+@settings(max_examples=200, deadline=None)
+@given(buckets=_BUCKETS, span=st.floats(0.01, 100.0), longer=st.floats(0.0, 100.0))
+def test_exposed_communication_follows_the_bucket_timeline(buckets, span, longer):
+    """One collective per bucket, in order, each once its bucket is ready: what the backward does not hide is at most
+    all of it, at least the last bucket's when that one is ready only at the end, no more for a longer backward, and,
+    once the collectives run back to back, all of them less what runs before the backward ends."""
+    comm = lambda nbytes: nbytes  # noqa: E731 - a collective's seconds: its bytes at 1 B/s
+    exposed = speed_comm.exposed_seconds(buckets, span, comm)
+    total = sum(b.nbytes for b in buckets)
+    assert 0.0 <= exposed <= total + 1e-9
+    if buckets[-1].ready == 1.0:
+        assert exposed >= buckets[-1].nbytes - 1e-9
+    assert speed_comm.exposed_seconds(buckets, span + longer, comm) <= exposed + 1e-9
+    saturated = [speed_comm.Bucket(b.ready, b.nbytes + span) for b in buckets]  # each outlasts the whole backward
+    assert speed_comm.exposed_seconds(saturated, span, comm) == pytest.approx(
+        sum(b.nbytes for b in saturated) - span * (1 - saturated[0].ready))
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.integers(1, 64), gather=st.floats(0.0, 5.0), regather=st.floats(0.0, 5.0),
+       reduce=st.floats(0.0, 5.0), forward=st.floats(0.0, 500.0), backward=st.floats(0.0, 500.0),
+       more=st.floats(0.0, 100.0))
+def test_sharded_blocks_hide_their_gathers_behind_the_block_before(blocks, gather, regather, reduce, forward,
+                                                                    backward, more):
+    """ZeRO-3 / FSDP block by block: at least the first gather and the first backward communication are exposed, at
+    most all of it; more compute hides no less; and once each block's compute outlasts its communication, nothing
+    beyond the first of each pass is."""
+    def exposed(f, b):
+        return speed_comm.sharded_exposed_seconds(blocks, gather, regather, reduce, f, b)
+
+    least, most = gather + regather + reduce, blocks * (gather + regather + reduce)
+    assert least - 1e-9 <= exposed(forward, backward) <= most + 1e-9
+    assert exposed(forward + more, backward) <= exposed(forward, backward) + 1e-9
+    assert exposed(forward, backward + more) <= exposed(forward, backward) + 1e-9
+    hidden = exposed(blocks * gather, blocks * (regather + reduce))
+    assert hidden == pytest.approx(least)
+
+
+@pytest.mark.parametrize("backward_s", [0.0, 0.01, 1.0, 100.0])
+def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather(backward_s):
     """However long the backward, DDP's last bucket (a tied embedding table, ready last) is all-reduced after it;
-    DeepSpeed ZeRO-1 reduce-scatters its buckets during the backward but gathers the updated weights after the step."""
+    DeepSpeed ZeRO-1 reduce-scatters its buckets during the backward but gathers the updated weights after the step,
+    which no backward hides. (The ring time itself: tests/test_speed_references.py, against nccl-tests.)"""
+    from planner import facts
+
     spec = resolve_model("openai-community/gpt2").spec
     gpu = lookup_gpu("A100-80GB")
     eff = efficiency(gpu.name)
     ddp = Config(micro_batch=1, grad_accum=1, world_size=8, precision="bf16-mixed", checkpointing="none",
                  zero_stage=0, offload="none")
-    # Worked by hand on a node of 8 A100s at NCCL's measured 234.89 GBps bus bandwidth (nccl-tests all_reduce,
-    # stas00/ml-engineering@744d01e network/README.md; efficiency.json stores 234.89/300 as 0.783: 0.064%), a ring
-    # moving 7/8 of the bytes. DDP all-reduces GPT-2's 39,383,808-element embedding tables (wte + wpe, fp32
-    # gradients) after the backward, 2 x 7/8 x 157.5 MB = 1.174 ms at least.
-    assert spec.embedding_parameters == 50257 * 768 + 1024 * 768
-    rounding = 0.0005 / 0.783
-    table = 2 * 7 / 8 * 39_383_808 * 4 / 234.89e9
-    assert speed_comm.communication_seconds(spec, ddp, 8, 100.0, 150.0, gpu, eff) >= table * (1 - rounding)
-    # ZeRO-1 gathers the 124,439,808 updated bf16 weights after the step and reduce-scatters the tables' bf16
-    # gradients, its last bucket, after the backward: 7/8 x (248.9 + 78.8) MB = 1.2205 ms
+    caps = (facts.get("ddp.first_bucket_bytes"), facts.get("ddp.bucket_cap_bytes"))
+    last = speed_comm.gradient_buckets(spec, ddp.grad_bytes(), caps)[-1]
+    assert last.ready == 1.0 and last.nbytes >= spec.embedding_parameters * ddp.grad_bytes()
+    all_reduce = 2 * speed_comm.ring_seconds(last.nbytes, 8, 8, gpu, eff)
+    rounding = 1 - 1e-9  # float sums along a timeline up to 1e5 times longer than the collective
+    ddp_s = speed_comm.communication_seconds(spec, ddp, 8, backward_s, backward_s * 1.5, gpu, eff)
+    assert ddp_s >= all_reduce * rounding
     zero1 = ddp.model_copy(update={"zero_stage": 1, "engine": "deepspeed"})
-    assert speed_comm.communication_seconds(spec, zero1, 8, 100.0, 150.0, gpu, eff) == pytest.approx(
-        7 / 8 * (124_439_808 + 39_383_808) * 2 / 234.89e9, rel=rounding)
+    gather = speed_comm.ring_seconds(spec.parameters * zero1.weight_bytes(), 8, 8, gpu, eff)
+    assert speed_comm.communication_seconds(spec, zero1, 8, backward_s, backward_s * 1.5, gpu, eff) >= gather * rounding
+    long, longer = (speed_comm.communication_seconds(spec, zero1, 8, b, b * 1.5, gpu, eff) for b in (1e3, 1e4))
+    # once the backward hides the reduce-scatters, what is left is the post-step gather and the last bucket's
+    # reduce-scatter, whatever the backward's length
+    assert long == pytest.approx(longer, rel=1e-9)
 
 
 def test_fp16_loss_scaling_unscales_every_gradient_before_the_step():
+    """What torch's GradScaler does to the gradients, counted on the CPU (the same ops as on a GPU): `unscale_` runs
+    `_amp_foreach_non_finite_check_and_unscale_`, reading and writing every gradient element. The model's fp16 step
+    streams those bytes for GPT-2's parameters at the V100's HBM rate (its sourced input, 809 GB/s), and nothing more.
+    (The lent H100's fp16/bf16 pairs cannot check it: the Trainer unscales inside clipping, outside the optimizer-step
+    window the probes time, and the step's noise swamps 1.6 ms.)"""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in ((64, 32), (32,), (16, 8))]
+    opt = torch.optim.SGD(params, lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(sum(p.sum() for p in params)).backward()
+    counter = _StepCounter(params)
+    with counter:
+        scaler.unscale_(opt)
+    n = sum(p.numel() for p in params)
+    accesses_per_gradient = counter.elements["grad"] / n  # a read and a write each
+    assert accesses_per_gradient == 2 and counter.elements["weight"] == 0
+
     spec = resolve_model("openai-community/gpt2").spec
     gpu = lookup_gpu("V100-16GB")
     eff = efficiency(gpu.name)
     bf16 = Config(micro_batch=1, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
                   zero_stage=0, offload="none")
     fp16 = bf16.model_copy(update={"precision": "fp16-mixed"})
-    def step(cfg):
-        return speed_optim.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1)
-
-    extra = step(fp16) - step(bf16)
-    # torch's unscale (aten/src/ATen/native/cuda/AmpKernels.cu `_amp_foreach_non_finite_check_and_unscale_cuda_`)
-    # reads and writes each fp32 gradient of GPT-2's 124,439,808 parameters: 995.5 MB at the V100's measured 809
-    # GB/s (RRZE-HPC/gpu-benches gpu-stream/v100.txt) = 1.2305 ms. efficiency.json stores 809/900 as 0.899:
-    # rounding to three digits, 0.06%
-    assert extra == pytest.approx(124_439_808 * 2 * 4 / 809e9, rel=0.0005 / 0.899)
+    extra = (speed_optim.optimizer_seconds(spec, fp16, "adamw", gpu, eff, 1)
+             - speed_optim.optimizer_seconds(spec, bf16, "adamw", gpu, eff, 1))
+    fp32_grad = 4
+    assert extra * speed_kernels.bandwidth(gpu, eff) == pytest.approx(
+        accesses_per_gradient * fp32_grad * spec.trainable_parameters, rel=1e-9)
 
 
 class _StepCounter(TorchDispatchMode):
@@ -403,7 +622,10 @@ def test_each_step_program_is_what_its_optimizer_runs(table, key, make):
     assert counter.host == program.host_ops_per_tensor * len(params) + (2 if key == "foreach" else 0)
 
 
-def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
+def test_how_adam_runs_sets_what_the_host_issues():
+    """Properties of the three ways torch runs Adam, on BERT-large (its step programs are counted from torch itself
+    above): the host issues least for the fused kernel and most for the Python loop, and DeepSpeed's FusedAdam or an
+    SGD step does not vary with how torch would run Adam. BERT-large's tensors are counted by hand."""
     spec = resolve_model("google-bert/bert-large-uncased").spec
     gpu = lookup_gpu("V100-16GB")
     eff = efficiency(gpu.name)
@@ -415,54 +637,84 @@ def test_how_adam_runs_sets_the_bytes_it_streams_and_what_the_host_issues():
     tensors = matrices + vectors
     assert tensors == sum(1 for size in spec.tensor_sizes if size > 0) > 300  # BERT-large's weights and biases
     assert matrices == 24 * 6 + 4 and vectors > matrices  # 6 per block, 3 embedding tables, the MLM head's dense
-    # Worked by hand for BERT-large's 335,174,458 parameters in 394 tensors on a V100: HBM at the measured 809 GB/s
-    # (RRZE-HPC/gpu-benches gpu-stream/v100.txt), a queued kernel's GPU-side cost 2.525 us (gpu-small-kernels,
-    # mean of A100 2.62 and H200 2.43), a Python-issued kernel 8 us of host (flagos-ai/Torch-FL PR #27, A100
-    # add[512^2] cuda_sub), a Python scalar op 1.3728 us (the lent H100's host, gpu_mechanisms-H100-80GB-2026-11-22).
-    # Tolerances: efficiency.json's rounding of these (0.899 for 809/900: 0.06%; 2.5 for 2.525, to 0.1 us: up to 2%;
-    # 1.4: 3.64%), weighted by each one's share of the difference.
-    assert (n, tensors, math.ceil(n / (65536 * 320))) == (335_174_458, 394, 16)  # MultiTensorApply.cuh: kChunkSize
-    # x depth_to_max_blocks elements per multi-tensor launch
-    # 21 fp32 accesses per parameter instead of the fused kernel's 7, 8 multi-tensor ops of 16 launches instead of
-    # 2: 14 x 4 x 335,174,458 B / 809 GB/s + 96 x 2.525 us = 23.202 + 0.242 ms
-    assert foreach.gpu_s - fused.gpu_s == pytest.approx(14 * 4 * 335_174_458 / 809e9 + 96 * 2.525e-6, rel=1e-3)
-    # the Python loop launches 8 kernels per tensor, not 8 x 16 multi-tensor launches: (3152 - 128) x 2.525 us
-    assert loop.gpu_s - foreach.gpu_s == pytest.approx(3024 * 2.525e-6, rel=0.05 / 2.525)
-    # ... each dispatched by the host, with 2 host ops on its step counter: 3152 x 8 us + 788 x 1.3728 us = 26.298 ms
-    assert loop.cpu_s == pytest.approx(3152 * 8e-6 + 788 * 1.3728e-6, rel=VIEW_ROUNDING * 1.08 / 26.3)
-    assert fused.cpu_s < foreach.cpu_s < loop.cpu_s
+    assert (n, tensors) == (335_174_458, 394)
+    assert fused.cpu_s < foreach.cpu_s < loop.cpu_s and fused.gpu_s < foreach.gpu_s < loop.gpu_s
     assert speed_optim.optimizer_seconds(spec, cfg, "adamw", gpu, eff, 1, "for-loop") == max(loop.gpu_s, loop.cpu_s)
-    # DeepSpeed steps with its own FusedAdam whatever torch would run; SGD has no Adam step to vary
     ds = cfg.model_copy(update={"precision": "bf16-mixed", "zero_stage": 1, "engine": "deepspeed"})
-    assert speed_optim.optimizer_step(spec, ds, "adamw", gpu, eff, 1, "for-loop") == speed_optim.optimizer_step(spec, ds, "adamw", gpu,
-                                                                                           eff, 1)
-    assert speed_optim.optimizer_step(spec, cfg, "sgd", gpu, eff, 1, "for-loop") == speed_optim.optimizer_step(spec, cfg, "sgd", gpu,
-                                                                                          eff, 1)
+    assert speed_optim.optimizer_step(spec, ds, "adamw", gpu, eff, 1, "for-loop") == \
+        speed_optim.optimizer_step(spec, ds, "adamw", gpu, eff, 1)
+    assert speed_optim.optimizer_step(spec, cfg, "sgd", gpu, eff, 1, "for-loop") == \
+        speed_optim.optimizer_step(spec, cfg, "sgd", gpu, eff, 1)
+
+
+@pytest.mark.parametrize("model", [
+    pytest.param("openai-community/gpt2", marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason="GPT-2's fused AdamW step on the lent H100 takes up to 1.5x "
+        "longer than modelled (2.2-2.3 ms measured, 1.5 ms modelled)")),
+    "bigscience/bloom-560m", "meta-llama/Llama-3.2-1B", "google-bert/bert-large-uncased"])
+def test_the_fused_adam_step_takes_what_the_lent_h100_measured(model):
+    """Every bf16 and fp32 step of the model the lent H100 measured: its fused AdamW optimizer step (the Trainer's
+    `adamw_torch_fused`, what the probes run) within `AS_CLOSE_AS_ITS_INPUTS` of the modelled one. fp16 rows are left
+    out: the Trainer unscales their gradients inside clipping, before the window the probes time, which the model's
+    fp16 step includes."""
+    rows = [r for r in _h100_rows() if r["model"] == model and r["precision"] != "fp16-mixed"]
+    assert rows
+    for row in rows:
+        assert _within(_h100_modelled(row).parts.optimizer, row["optimizer_step_s"]), _label(row)
+
+
+@pytest.mark.gpu
+def test_the_fused_adam_step_takes_what_this_gpu_measures():
+    """torch's fused AdamW on BERT-large-shaped fp32 tensors on this machine's GPU, timed (CUDA-synchronised, the
+    median of 10 after a warm-up), against the model's fused step for the GPU the catalogue finds for it."""
+    import time
+
+    spec = resolve_model("google-bert/bert-large-uncased").spec
+    gpu = lookup_gpu(torch.cuda.get_device_name())
+    params = [torch.nn.Parameter(torch.randn(size, device="cuda")) for size in spec.tensor_sizes if size > 0]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    times = []
+    for _ in range(11):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="fp32", checkpointing="none", zero_stage=0,
+                 offload="none")
+    modelled = speed_optim.optimizer_seconds(spec, cfg, "adamw", gpu, efficiency(gpu.name), 1, "fused")
+    assert _within(modelled, statistics.median(times[1:]))
 
 
 def test_adafactors_python_loop_costs_the_host_its_kernels_per_matrix_and_per_vector():
-    from planner.vocab import OPTIMIZER_STEP
+    """transformers' Adafactor (the Trainer's arguments) stepped once over BERT-large's own parameters (a model built
+    on the meta device, its 148 matrices and 246 vectors) under a dispatch counter: every kernel it launches is one
+    the model's host time counts, at the GPU host's cost per Python-issued kernel. The step binds on the host; an
+    optimizer whose step no table counts (bitsandbytes') has no host time."""
+    import transformers
 
     spec = resolve_model("google-bert/bert-large-uncased").spec
+    with torch.device("meta"):
+        model = transformers.AutoModelForMaskedLM.from_config(resolve_model("google-bert/bert-large-uncased").config)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.empty_like(p)
+    opt = _adafactor(params)
+    opt.step()  # states exist
+    counter = _StepCounter(params)
+    with counter:
+        opt.step()
+    assert (sum(p.dim() >= 2 for p in params), sum(p.dim() < 2 for p in params)) == \
+        speed_optim.trainable_tensors(spec) == (148, 246)
     gpu = lookup_gpu("A100-80GB")
     eff = efficiency(gpu.name)
     cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
                  zero_stage=0, offload="none")
-    matrices, vectors = speed_optim.trainable_tensors(spec)
-    program = OPTIMIZER_STEP["adafactor"]
     step = speed_optim.optimizer_step(spec, cfg, "adafactor", gpu, eff, 1)
-    # BERT-large's 148 matrices and 246 vectors (24 blocks of 6 + 3 embedding tables + the MLM head's dense; 24
-    # blocks of 10 + 6), at the kernels Adafactor runs for each (counted from it above)
-    assert (matrices, vectors, program.matrix_kernels, program.vector_kernels) == (148, 246, 24, 16)
-    # 7,488 kernels from Python at 8 us of host each (flagos-ai/Torch-FL PR #27, A100 add[512^2] cuda_sub) = 59.9 ms
-    assert step.cpu_s == pytest.approx(7488 * 8e-6, rel=1e-12)
+    assert counter.host == 0 and step.cpu_s == pytest.approx(counter.kernels * eff.dispatch_us * 1e-6, rel=1e-12)
     assert step.cpu_s > step.gpu_s  # the host binds
-    # weights 3, gradients 2, temporaries 16, clipping 2 fp32 accesses per parameter: 92 B x 335,174,458 at the
-    # A100-80GB's measured 1737 GB/s (RRZE-HPC/gpu-benches gpu-stream/a100_80.txt), and 7,488 queued kernels at
-    # its measured 2.62 us (gpu-small-kernels/a100_80.txt) = 17.753 + 19.619 ms. Tolerance: 1737/2039 stored as
-    # 0.852, rounding to three digits
-    assert step.gpu_s == pytest.approx(92 * 335_174_458 / 1737e9 + 7488 * 2.62e-6, rel=0.0005 / 0.852)
-    # an optimizer whose step no table counts (bitsandbytes') keeps the bytes-only estimate, with no host time
     assert speed_optim.optimizer_step(spec, cfg, "adamw-8bit", gpu, eff, 1).cpu_s == 0.0
 
 
@@ -546,10 +798,17 @@ def test_the_accuracy_benchmark_holds_out_every_fact_fitted_to_a_source():
         names = bench.names_of(source, ids)
         if any(names & set(fact.fitted_to) for fact in facts.all_facts().values()):
             assert source in folds
-    mle = folds["github:stas00/ml-engineering"]
-    assert mle.overrides["inductor.compiled_device_residual"] == 1.0
-    assert mle.efficiency["efficiency:H200-141GB:attention"].key == "efficiency:H100-80GB:attention"
-    assert "inductor.compile_seconds_per_op" in mle.dropped
+    for fold in folds.values():
+        for key, refit in fold.efficiency.items():
+            # a refit reads the same figure of a catalogue GPU of no higher compute capability (the fold's `how`)
+            _, gpu, figure = key.split(":", 2)
+            _, other, other_figure = refit.key.split(":", 2)
+            assert other_figure == figure and other != gpu, key
+            assert lookup_gpu(other).compute_capability_tuple <= lookup_gpu(gpu).compute_capability_tuple, key
+            assert refit.value == getattr(efficiency(other), figure), key
+        for key, value in fold.overrides.items():
+            # a first-principles value: a correction ratio at 1, the model without it
+            assert facts.fact(key).unit == "ratio" and value == 1.0, key
 
 
 def test_a_fold_predicts_a_row_only_where_its_dropped_facts_do_not_enter():
