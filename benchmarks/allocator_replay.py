@@ -1,8 +1,8 @@
 """Caching-allocator model vs. the real allocator: replay the same events on a CUDA GPU and through
-planner.memory.allocator.replay, and compare peak allocated / requested / reserved bytes and device-call counts.
+planner.allocator.replay, and compare peak allocated / requested / reserved bytes and device-call counts.
 
 Needs a CUDA GPU (exits 2 without one). Events come from a JSON file (a list of [op, key, size] with op "alloc" or
-"free", or the compact int form of planner.memory.allocator.iter_events) or from built-in synthetic patterns. Each
+"free", or the compact int form of planner.allocator.iter_events) or from built-in synthetic patterns. Each
 workload runs under the default settings and with expandable_segments:True; on the GPU every alloc is
 torch.cuda.caching_allocator_alloc(size) and every free torch.cuda.caching_allocator_delete(ptr), after
 torch.cuda.empty_cache() and torch.cuda.reset_peak_memory_stats(). Results (with versions) go to --out as JSON.
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner.memory.allocator import AllocatorSettings, iter_events, replay
+from planner.allocator import AllocatorSettings, iter_events, replay
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -213,7 +213,7 @@ def compare_on_cuda(events, settings: AllocatorSettings | None = None) -> dict:
 # --- command line -----------------------------------------------------------------------------------------------
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Replay allocation events on a CUDA GPU and through planner.memory.allocator.replay; compare "
+        description="Replay allocation events on a CUDA GPU and through planner.allocator.replay; compare "
                     "peak allocated/reserved bytes under default settings and expandable_segments:True.")
     parser.add_argument("--events", type=Path, help="JSON file: a list of [op, key, size] (or compact ints)")
     parser.add_argument("--patterns", nargs="*", choices=sorted(PATTERNS), default=None,

@@ -1,4 +1,4 @@
-"""Tests for planner.memory.allocator, the CPU model of PyTorch's CUDA caching allocator.
+"""Tests for planner.allocator, the CPU model of PyTorch's CUDA caching allocator.
 
 Expected numbers are derived by hand from the rules cited in the module (CCA.cpp = CUDACachingAllocator.cpp):
 round_size (512 B multiples), small pool <= 1 MiB in 2 MiB segments, large requests < 10 MiB in 20 MiB segments,
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from planner.memory import allocator as A
-from planner.memory.allocator import AllocatorSettings, replay, round_size, roundup_power2_next_division
+from planner import allocator as A
+from planner.allocator import AllocatorSettings, replay, round_size, roundup_power2_next_division
 
 KiB = 1024
 MiB = 1024 * 1024

@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 from planner import estimate_memory, facts
-from planner.memory.allocator import replay
+from planner.allocator import replay
 from planner.program.kernels import attention_kernel
 from planner.program.step import make_batch, micro_step
 from planner.program.tracker import LiveStorageTracker

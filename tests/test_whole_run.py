@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from planner.memory.allocator import replay
+from planner.allocator import replay
 from planner.memory.gpu import AllocatorView
 from planner.program.trace import TraceRequest, run_trace
 from planner.memory.whole_run import (

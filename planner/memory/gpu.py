@@ -3,7 +3,7 @@ outside it.
 
 What the allocator's statistics show above the tensors' own bytes (`AllocatorView`: allocated beyond the requests,
 reserved beyond allocated) comes from replaying allocations through the allocator model
-(planner/memory/allocator.py). A one-GPU or DDP run is replayed whole (planner/memory/whole_run.py). For the others:
+(planner/allocator.py). A one-GPU or DDP run is replayed whole (planner/memory/whole_run.py). For the others:
 the step's own allocations and frees as the trace recorded them (trace.TracePoint), and here the model states,
 allocated once and kept: one tensor per parameter for weights, gradients and optimizer states on the torch and FSDP2
 engines (FSDP2 keeps each parameter's shard as its own tensor), a few flat buffers on DeepSpeed (its ZeRO optimizer
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from planner import facts
 from planner.config import Config
 from planner.hardware.efficiency_data import nccl_channels_of
-from planner.memory.allocator import AllocatorStats, replay
+from planner.allocator import AllocatorStats, replay
 from planner.memory.nccl import nccl_buffers
 from planner.vocab import DEEPSPEED, OPTIMIZER
 

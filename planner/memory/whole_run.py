@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from planner import facts
-from planner.memory.allocator import replay
+from planner.allocator import replay
 from planner.memory.gpu import AllocatorView, cublas_workspace_bytes, model_buffer_bytes, state_tensors
 from planner.program.regions import Template, decode
 from planner.program.trace import TRACED_LAYERS_ALTERNATING, cached_trace, traced_layers

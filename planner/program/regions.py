@@ -122,7 +122,7 @@ def block_regions(model, layers: int) -> BlockRegions | None:
 
 @dataclass(frozen=True)
 class Template:
-    """One traced micro-step's allocations (the compact form of planner/memory/allocator.py `iter_events`: n >= 0
+    """One traced micro-step's allocations (the compact form of planner/allocator.py `iter_events`: n >= 0
     allocates n bytes, n < 0 frees the allocation with ordinal -n - 1) and the region code of each."""
 
     events: tuple[int, ...]

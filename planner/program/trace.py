@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from planner.cache import load_json, store_json
-from planner.memory.allocator import replay
+from planner.allocator import replay
 from planner.models.build import build_meta, with_layers
 from planner.program.autocast import cuda_autocast_rules
 from planner.program.dropout import fused_dropout
@@ -49,7 +49,7 @@ CACHE_VERSION = 25
 @dataclass(frozen=True)
 class TracePoint:
     """One trace: the activation peak above the model states, and what the CUDA caching allocator's statistics would
-    add to the step's live bytes (the step's allocations and frees replayed through planner/memory/allocator.py,
+    add to the step's live bytes (the step's allocations and frees replayed through planner/allocator.py,
     which rounds blocks, carves segments and leaves the gaps the step's order leaves)."""
 
     activations: int

@@ -45,7 +45,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         #: (op, storage key, bytes) of every allocation and free since `record()`, for the CUDA allocator replay
-        #: (planner/memory/allocator.py); frees found in one sweep, between two ops, are adjacent.
+        #: (planner/allocator.py); frees found in one sweep, between two ops, are adjacent.
         self.events: list[tuple[str, int, int]] | None = None
         #: where in the model each event happened, one code per event (`record(where=...)`: a callable the trace
         #: gives, planner/memory/whole_run.py `BlockRegions.code`), or None
