@@ -349,14 +349,15 @@ class Runner:
         self.last: cf.Future | None = None
         self.last_limit = 0.0
 
-    def submit(self, files: dict, limit_s: float) -> cf.Future:
+    def submit(self, files: dict, limit_s: float, receipt: Path | None = None) -> cf.Future:
+        """Run the emitted `files`; the run's receipt.json (planner/receipts.py) is kept as `receipt`."""
         waiting = self.last_limit if self.overlap and self.last is not None and not self.last.done() else 0.0
         timeout = max(1.0, min(limit_s + waiting, self.deadline - time.monotonic()))
-        future = self.pool.submit(self._run, files, timeout, self.last)
+        future = self.pool.submit(self._run, files, timeout, self.last, receipt)
         self.last, self.last_limit = future, limit_s
         return future
 
-    def _run(self, files: dict, timeout: float, previous: cf.Future | None):
+    def _run(self, files: dict, timeout: float, previous: cf.Future | None, receipt: Path | None = None):
         """(Measurement, seconds from the gate's opening to the run's end)."""
         from probes.runner import run_training, write_files
 
@@ -369,6 +370,9 @@ class Runner:
                 threading.Thread(target=_open_after, args=(gate, previous, opened), daemon=True).start()
                 kwargs["script"] = (str(Path(__file__).resolve()), WORKER, str(gate))
             result = run_training(folder, timeout, steps=STEPS, warmup=WARMUP, **kwargs)
+            if receipt is not None and (folder / "receipt.json").is_file():
+                receipt.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / "receipt.json", receipt)
         return result, time.monotonic() - opened[-1]
 
 
@@ -500,7 +504,8 @@ def run_all(cases: list[Case], gpu: str, results: Results, runner: Runner | None
         elif runner is None:
             finish(job, None, 0.0, gpu, results)
         else:
-            inflight.append((job, runner.submit(job.files, job.case.limit_s)))
+            receipt = results.lines.parent / "receipts" / f"{results.lines.stem}-{case.id}.json"
+            inflight.append((job, runner.submit(job.files, job.case.limit_s, receipt)))
         while inflight and (len(inflight) >= depth or inflight[0][1].done()):
             done, future = inflight.popleft()
             finish(done, *outcome(future), gpu, results)
