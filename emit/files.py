@@ -1,8 +1,9 @@
 """Render a plan's files and write them atomically; refuse to overwrite unless forced.
 
-Only the files the plan's engine needs: ds_config.json for DeepSpeed plans, a hostfile for multi-node DeepSpeed,
-peft_config.json for LoRA / QLoRA plans (the LoraConfig and BitsAndBytesConfig arguments), train.sbatch with Slurm,
-accelerate_config.yaml, training_args.json, plan.json (read back by `planner.load_plan`) and launch.sh always.
+Only the files the plan needs: ds_config.json for DeepSpeed plans, peft_config.json for LoRA / QLoRA plans (the
+LoraConfig and BitsAndBytesConfig arguments), train.sbatch with Slurm, the training scripts train.py and train_trl.py
+for a causal LM; accelerate_config.yaml, training_args.json, plan.json (read back by `planner.load_plan`) and
+launch.sh always.
 The files name each other by file name only, so the folder can be moved (emit/names.py).
 """
 
@@ -14,20 +15,29 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from emit.names import (
-    ACCELERATE_CONFIG, DS_CONFIG, HOSTFILE, LAUNCH, PEFT_CONFIG, PLAN_JSON, TRAIN_SBATCH, TRAINING_ARGS, folder_files,
+    ACCELERATE_CONFIG, DS_CONFIG, LAUNCH, PEFT_CONFIG, PLAN_JSON, REPORT_HTML, TRAIN_SBATCH, TRAIN_SCRIPTS,
+    TRAINING_ARGS,
+    folder_files,
 )
 from emit.slurm import sbatch_script
+from emit.write import atomic_write
 from planner.errors import InputError
 from planner.export import emit_problem
 from planner.vocab import DEEPSPEED
 
 #: Every name `emit` may write, for the overwrite check made before planning.
-ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, HOSTFILE, PEFT_CONFIG, TRAIN_SBATCH)
+ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, PEFT_CONFIG, TRAIN_SBATCH, REPORT_HTML,
+             *TRAIN_SCRIPTS)
+#: The task the shipped training scripts train (their collator makes next-token labels).
+SCRIPT_TASK = "causal-lm"
+#: accelerate's rendezvous port where none is given (accelerate/commands/launch.py `--main_process_port`).
+DEFAULT_PORT = 29500
 #: Files written executable.
 EXECUTABLE = (LAUNCH, TRAIN_SBATCH)
 #: Stands in for the rank-0 address while the accelerate config is built for Slurm, which learns it at job start.
@@ -39,17 +49,21 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9]
 @dataclass(frozen=True)
 class EmitOptions:
     main_process_ip: str | None = None
-    main_process_port: int = 29500
+    #: None: 29500 (accelerate's default), and under Slurm a port from the job's id
+    main_process_port: int | None = None
     machine_rank: int = 0
+    #: the nodes' names, rank 0 first: its name is the rank-0 address where main_process_ip is not given
     hostnames: tuple[str, ...] = ()
     force: bool = False
     #: also write train.sbatch; the rank-0 address then comes from the Slurm allocation, not main_process_ip
     slurm: bool = False
+    #: also write plan.html (emit/report.py) where its extra, report, is installed
+    report: bool = True
 
     def check(self, nodes: int, writes: bool = True) -> None:
         """Raise InputError for options a `nodes`-node launch cannot use (the rank-0 address is needed only when
         files are written, and not with Slurm)."""
-        if not 0 < self.main_process_port < 65536:
+        if self.main_process_port is not None and not 0 < self.main_process_port < 65536:
             raise InputError(f"port {self.main_process_port} out of range", flag="--main-process-port",
                              hint="Use a port from 1 to 65535.")
         if not 0 <= self.machine_rank < nodes:
@@ -57,7 +71,7 @@ class EmitOptions:
                              hint=f"Use a rank from 0 to {nodes - 1}.")
         if self.main_process_ip is not None and not valid_host(self.main_process_ip):
             raise InputError(f"{self.main_process_ip!r} is not an IP address or host name", flag="--main-process-ip")
-        if writes and nodes > 1 and not self.main_process_ip and not self.slurm:
+        if writes and nodes > 1 and not self.rank0_address and not self.slurm:
             raise InputError(f"a {nodes}-node plan needs the address of machine rank 0", flag="--main-process-ip",
                              hint="e.g. --main-process-ip 10.0.0.1 (the first node's address on the training network), "
                              "or emit for Slurm, which finds it when the job starts.")
@@ -66,7 +80,16 @@ class EmitOptions:
             raise InputError(f"{bad[0]!r} is not a host name", flag="--hostnames")
         if self.hostnames and len(self.hostnames) != nodes:
             raise InputError(f"{len(self.hostnames)} hostnames for {nodes} nodes", flag="--hostnames",
-                             hint="Give one hostname per node, comma-separated.")
+                             hint="Give one hostname per node, comma-separated, rank 0 first.")
+
+    @property
+    def rank0_address(self) -> str | None:
+        """--main-process-ip, else the first of --hostnames."""
+        return self.main_process_ip or (self.hostnames[0] if self.hostnames else None)
+
+    @property
+    def port(self) -> int:
+        return self.main_process_port or DEFAULT_PORT
 
 
 def valid_host(text: str) -> bool:
@@ -115,8 +138,9 @@ def _yaml(data) -> str:
     return yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
 
 
-def render_files(plan, opts: EmitOptions) -> dict[str, str]:
-    """File name -> contents; the configs name each other by file name, relative to their folder. Pure."""
+def render_files(plan, opts: EmitOptions, folder: str | os.PathLike = ".") -> dict[str, str]:
+    """File name -> contents for `folder`; the configs name each other by file name, relative to their folder, and
+    plan.json names local paths (a model folder, the dataset) both relative to `folder` and absolute. Pure."""
     opts.check(plan.hardware.nodes)
 
     problem = emit_problem(plan)
@@ -127,7 +151,7 @@ def render_files(plan, opts: EmitOptions) -> dict[str, str]:
     files = {
         ACCELERATE_CONFIG: _yaml(accelerate_file(plan, opts)),
         TRAINING_ARGS: _json(plan.to_training_args(ds_config_path=DS_CONFIG)),
-        PLAN_JSON: _json({k: v for k, v in plan.to_json().items() if k != "files"}),
+        PLAN_JSON: _json(plan_json(plan, folder)),
         LAUNCH: launch_script(plan),
     }
     peft = plan.to_peft()
@@ -135,20 +159,26 @@ def render_files(plan, opts: EmitOptions) -> dict[str, str]:
         files[PEFT_CONFIG] = _json(peft)
     if deepspeed:
         files[DS_CONFIG] = _json(plan.to_deepspeed())
-        if plan.hardware.nodes > 1:
-            files[HOSTFILE] = hostfile(plan, opts.hostnames)
     if opts.slurm:
         files[TRAIN_SBATCH] = sbatch_script(plan, opts)
+    if plan.model.task == SCRIPT_TASK:
+        files.update({name: (resources.files("emit") / "scripts" / name).read_text() for name in TRAIN_SCRIPTS})
     return dict(sorted(files.items()))
+
+
+def plan_json(plan, folder: str | os.PathLike) -> dict:
+    """plan.json: `plan --json` less the files list, with the local paths it names found from `folder`."""
+    data = {k: v for k, v in plan.to_json().items() if k != "files"}
+    paths = portable_paths(data, folder)
+    return data | {"paths": paths} if paths else data
 
 
 def accelerate_file(plan, opts: EmitOptions) -> dict:
     """accelerate_config.yaml's contents; for Slurm without an address given, no main_process_ip (train.sbatch passes
     the allocation's first node)."""
-    later = opts.slurm and not opts.main_process_ip and plan.hardware.nodes > 1
-    out = plan.to_accelerate(ds_config_path=DS_CONFIG, hostfile_path=HOSTFILE,
-                             main_process_ip=_NO_ADDRESS if later else opts.main_process_ip,
-                             main_process_port=opts.main_process_port, machine_rank=opts.machine_rank)
+    later = opts.slurm and not opts.rank0_address and plan.hardware.nodes > 1
+    out = plan.to_accelerate(ds_config_path=DS_CONFIG, main_process_ip=_NO_ADDRESS if later else opts.rank0_address,
+                             main_process_port=opts.port, machine_rank=opts.machine_rank)
     if later:
         del out["main_process_ip"]
     return out
@@ -161,52 +191,52 @@ def launch_script(plan) -> str:
     lines = [
         "#!/usr/bin/env bash",
         f"# trainplan: {cfg.label()}",
-        "# usage: ./launch.sh train.py [script args...]"
+        "# usage: <this folder>/launch.sh SCRIPT [script args...]"
         + ("   (run on every node with MACHINE_RANK=0..N-1)" if plan.hardware.nodes > 1 else ""),
-        "# in train.py: model = planner.load_plan(\"<this folder>/plan.json\").prepare(model)  (applies what the",
-        "# Trainer arguments cannot say); or run the shipped script: ./launch.sh -m probes.train --plan <this folder>",
+        "# SCRIPT: <this folder>/train.py (or train_trl.py) --dataset FILE to train; your own script, with",
+        "# planner.load_plan(\"<this folder>\").prepare(model); or a trial: -m probes.train --plan <this folder>",
         "set -euo pipefail",
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
     ]
     rank = ' --machine_rank "${MACHINE_RANK:-0}"' if plan.hardware.nodes > 1 else ""
     paths = "".join(f' {flag} "$here/{name}"' for flag, name in folder_files(plan))
-    lines.append(f'exec accelerate launch --config_file "$here/{ACCELERATE_CONFIG}"{rank}{paths} "$@"')
+    lines.append(f'exec accelerate launch --quiet --config_file "$here/{ACCELERATE_CONFIG}"{rank}{paths} "$@"')
     return "\n".join(lines) + "\n"
-
-
-def hostfile(plan, hostnames: tuple[str, ...]) -> str:
-    """DeepSpeed hostfile: one `host slots=N` line per node."""
-    nodes = plan.hardware.nodes
-    names = list(hostnames) or [f"node-{i}" for i in range(nodes)]
-    head = [] if hostnames else ["# replace node-i with your hosts' names (or pass --hostnames)"]
-    return "\n".join(head + [f"{h} slots={plan.hardware.gpus_per_node}" for h in names]) + "\n"
 
 
 def emit(plan, directory: str | os.PathLike, opts: EmitOptions = EmitOptions()) -> list[str]:
     """Write the files into `directory`; returns their paths. Raises InputError before writing anything if a
     file exists and `opts.force` is False."""
     folder = check_destination(directory, opts.force)
-    files = render_files(plan, opts)
+    files = render_files(plan, opts, folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in files.items():
         path = folder / name
-        _atomic_write(path, text, executable=name in EXECUTABLE)
+        atomic_write(path, text, executable=name in EXECUTABLE)
         written.append(str(path))
+    # lazy: the report's modules load matplotlib's settings and the planner's renderers only where a page is written
+    from emit.report import report_available, write_report
+
+    if opts.report and report_available():
+        listed = plan.model_copy(update={"files": tuple(Path(p).name for p in written)})
+        written.append(write_report(listed, folder / REPORT_HTML, force=True))
     return written
 
 
-def _atomic_write(path: Path, text: str, executable: bool = False) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o755 if executable else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def portable_paths(data: dict, folder: str | os.PathLike) -> dict:
+    """plan.json's `paths`: each local path the plan names (a model folder, a dataset file or folder, a tokenizer
+    folder) relative to the emit folder and absolute, so that `LoadedPlan.local_path` finds it after either moves."""
+    dataset = data.get("dataset") or {}
+    named = {"model": data["model"]["name"] if data["model"].get("source") == "folder" else None,
+             "dataset": dataset.get("source"), "tokenizer": dataset.get("tokenizer")}
+    paths = {}
+    for kind, given in named.items():
+        if given and os.path.exists(given):
+            absolute = os.path.abspath(given)
+            paths[kind] = {"relative": os.path.relpath(absolute, os.path.abspath(folder)), "absolute": absolute}
+    return paths
 
 
 __all__ = ["EmitOptions", "emit", "render_files", "check_destination", "valid_host", "ALL_FILES", "ACCELERATE_CONFIG",
-           "DS_CONFIG", "HOSTFILE", "LAUNCH", "PEFT_CONFIG", "PLAN_JSON", "TRAINING_ARGS", "TRAIN_SBATCH"]
+           "DS_CONFIG", "LAUNCH", "PEFT_CONFIG", "PLAN_JSON", "TRAINING_ARGS", "TRAIN_SBATCH"]

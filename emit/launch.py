@@ -18,16 +18,21 @@ from planner.errors import InputError
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+#: accelerate's launcher re-raises a failed run as its own traceback unless quiet (accelerate/commands/launch.py
+#: `simple_launcher`, `deepspeed_launcher`); the run's own error is still shown.
+QUIET = ["--quiet"]
+
+
 def launch_command(config_file: str | Path, script_args: list[str]) -> list[str]:
     if not script_args:
         raise InputError("no training script given", flag="--launch", hint="e.g. plan ... --launch -- train.py --epochs 1")
     exe = shutil.which("accelerate")
     prefix = [exe, "launch"] if exe else [sys.executable, "-m", "accelerate.commands.launch"]
-    return [*prefix, *folder_flags(config_file), "--config_file", str(config_file), *script_args]
+    return [*prefix, *QUIET, *folder_flags(config_file), "--config_file", str(config_file), *script_args]
 
 
 def folder_flags(config_file: str | Path) -> list[str]:
-    """`--deepspeed_config_file FOLDER/ds_config.json` (and the hostfile) for each relative path the accelerate
+    """`--deepspeed_config_file FOLDER/ds_config.json` for each relative path the accelerate
     config names: the emitted config names files of its own folder, which accelerate would look for in the current
     directory (emit/names.py PATH_FLAGS). No flags when the config cannot be read (accelerate will say why)."""
     path = Path(config_file)

@@ -15,15 +15,17 @@ ACCELERATE_CONFIG = "accelerate_config.yaml"
 TRAINING_ARGS = "training_args.json"
 PLAN_JSON = "plan.json"
 LAUNCH = "launch.sh"
-HOSTFILE = "hostfile"
 PEFT_CONFIG = "peft_config.json"
 TRAIN_SBATCH = "train.sbatch"
+REPORT_HTML = "plan.html"
+#: The training scripts shipped into a causal LM's folder (emit/scripts/): the Trainer's and TRL's SFTTrainer's.
+TRAIN_SCRIPTS = ("train.py", "train_trl.py")
 #: accelerate_config.yaml's keys (under deepspeed_config) that name a file, and the launch flag that overrides each.
 #: accelerate copies them into its arguments (accelerate/commands/launch.py:1265-1277, a flag given on the command
 #: line wins) and exports deepspeed_config_file to the training processes as written
 #: (accelerate/utils/launch.py:581-582, ACCELERATE_DEEPSPEED_CONFIG_FILE), where accelerate's DeepSpeedPlugin opens it
 #: relative to the current directory (accelerate/utils/dataclasses.py:1264-1273, accelerate/utils/deepspeed.py:141).
-PATH_FLAGS = {"deepspeed_config_file": "--deepspeed_config_file", "deepspeed_hostfile": "--deepspeed_hostfile"}
+PATH_FLAGS = {"deepspeed_config_file": "--deepspeed_config_file"}
 
 
 def folder_files(plan) -> list[tuple[str, str]]:
@@ -31,11 +33,8 @@ def folder_files(plan) -> list[tuple[str, str]]:
     passes `flag FOLDER/name` so that the run works from any directory."""
     if plan.choice.config.engine != DEEPSPEED:
         return []
-    files = [(PATH_FLAGS["deepspeed_config_file"], DS_CONFIG)]
-    if plan.hardware.nodes > 1:
-        files.append((PATH_FLAGS["deepspeed_hostfile"], HOSTFILE))
-    return files
+    return [(PATH_FLAGS["deepspeed_config_file"], DS_CONFIG)]
 
 
-__all__ = ["ACCELERATE_CONFIG", "DS_CONFIG", "HOSTFILE", "LAUNCH", "PATH_FLAGS", "PEFT_CONFIG", "PLAN_JSON",
-           "TRAINING_ARGS", "TRAIN_SBATCH", "folder_files"]
+__all__ = ["ACCELERATE_CONFIG", "DS_CONFIG", "LAUNCH", "PATH_FLAGS", "PEFT_CONFIG", "PLAN_JSON",
+           "REPORT_HTML", "TRAINING_ARGS", "TRAIN_SBATCH", "TRAIN_SCRIPTS", "folder_files"]

@@ -6,8 +6,10 @@ SLURM_NODEID. DeepSpeed plans go through accelerate too, with the launcher the e
 accelerate/utils/launch.py:488-496), never DeepSpeed's pdsh or slurm launchers, which start the other nodes
 themselves (accelerate/utils/launch.py:452-460) and would do so once per srun task.
 
-Slurm runs a copy of the batch script from its spool folder, so the script cannot find its folder from its own path:
-the run folder is the job's working directory (submit from the folder, or `sbatch --chdir FOLDER`), or $TRAINPLAN_RUN.
+Slurm runs a copy of the batch script from its spool folder, so the script finds its run folder from the path it was
+submitted by (`scontrol show job` names it, relative to the submit directory), else from its own path (run by bash),
+else the submit directory, unless $TRAINPLAN_RUN names it. The user's script and its arguments are resolved from the
+job's working directory, the submit directory, as they would be by hand.
 """
 
 from __future__ import annotations
@@ -19,8 +21,26 @@ from emit.names import ACCELERATE_CONFIG, folder_files
 from planner.export import DS_MULTINODE_LAUNCHER
 from planner.vocab import DEEPSPEED
 
-#: The job's log, in the job's working directory (the run folder): %x the job name, %j its id.
+#: The job's log, in the job's working directory (the submit directory): %x the job name, %j its id.
 LOG = "%x-%j.log"
+#: Without --main-process-port, each job takes a port from its id, so that jobs sharing a node do not collide.
+JOB_PORT = "$((20000 + ${SLURM_JOB_ID:-0} % 20000))"
+
+#: Finds the run folder: $TRAINPLAN_RUN, else the folder of the file submitted, else the submit directory.
+FIND_FOLDER = [
+    "# the run folder: $TRAINPLAN_RUN, else the folder of the file submitted (Slurm runs a copy), else the",
+    "# submit directory",
+    'if [ -z "${TRAINPLAN_RUN:-}" ]; then',
+    '  here="$(dirname "${BASH_SOURCE[0]}")"',
+    f'  if [ ! -f "$here/{ACCELERATE_CONFIG}" ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then',
+    '    submitted="$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n \'s/^ *Command=\\([^ ]*\\).*/\\1/p\' '
+    '| head -n 1 || true)"',
+    '    here="$(dirname "${submitted:-.}")"',
+    "  fi",
+    f'  [ -f "$here/{ACCELERATE_CONFIG}" ] || here="${{SLURM_SUBMIT_DIR:-.}}"',
+    '  TRAINPLAN_RUN="$here"',
+    "fi",
+]
 
 
 def job_name(plan) -> str:
@@ -30,10 +50,11 @@ def job_name(plan) -> str:
 
 
 def sbatch_script(plan, options, script: tuple[str, ...] = ()) -> str:
-    """The batch script: `sbatch train.sbatch [script args...]` trains with the script's arguments, or with `script`
-    (the shipped script, `-m probes.train --plan <folder>`, when empty)."""
+    """The batch script: `sbatch FOLDER/train.sbatch [script args...]` trains with the script's arguments, or with
+    `script` (the shipped script, `-m probes.train --plan <folder>`, when empty)."""
     hw, cfg = plan.hardware, plan.choice.config
     default = shlex.join(script) if script else '-m probes.train --plan "$TRAINPLAN_RUN"'
+    port = str(options.main_process_port) if options.main_process_port else JOB_PORT
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name={job_name(plan)}",
@@ -42,21 +63,23 @@ def sbatch_script(plan, options, script: tuple[str, ...] = ()) -> str:
         f"#SBATCH --gpus-per-node={hw.gpus_per_node}",
         f"#SBATCH --output={LOG}",
         f"# trainplan: {cfg.label()}",
-        "# usage: cd <this folder> && sbatch train.sbatch [script args...]   (or sbatch --chdir <this folder> ...,",
-        "# or TRAINPLAN_RUN=<this folder>); without arguments: " + default.replace('"$TRAINPLAN_RUN"', "<this folder>"),
+        "# usage: sbatch <this folder>/train.sbatch [script args...], from any directory: the script and its",
+        "# arguments are resolved from there; without arguments: "
+        + default.replace('"$TRAINPLAN_RUN"', "<this folder>"),
         "# the one task per node starts every GPU's process: give it CPUs (--cpus-per-task or --exclusive) as your",
         "# cluster expects, and add --time, --partition, --account likewise",
         "set -euo pipefail",
-        'export TRAINPLAN_RUN="$(cd "${TRAINPLAN_RUN:-.}" && pwd)"',
+        *FIND_FOLDER,
+        'export TRAINPLAN_RUN="$(cd "$TRAINPLAN_RUN" && pwd)"',
         f'if [ ! -f "$TRAINPLAN_RUN/{ACCELERATE_CONFIG}" ]; then',
-        f'  echo "train.sbatch: no {ACCELERATE_CONFIG} in $TRAINPLAN_RUN: submit from the folder plan --emit wrote '
-        '(cd FOLDER && sbatch train.sbatch), or set TRAINPLAN_RUN=FOLDER" >&2',
+        f'  echo "train.sbatch: no {ACCELERATE_CONFIG} in $TRAINPLAN_RUN: submit the train.sbatch plan --emit wrote '
+        '(sbatch FOLDER/train.sbatch), or set TRAINPLAN_RUN=FOLDER" >&2',
         "  exit 2",
         "fi",
         f'if [ "$#" -eq 0 ]; then set -- {default}; fi',
         "# the first node of the allocation is machine rank 0",
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        f"export MASTER_PORT={options.main_process_port}",
+        f'export MASTER_PORT="{port}"',
         "# one task per node; single quotes: each node reads its own SLURM_NODEID",
         "srun --ntasks-per-node=1 bash -c '" + " \\\n  ".join(_launch(plan)) + "' bash \"$@\"",
     ]
@@ -67,7 +90,7 @@ def _launch(plan) -> list[str]:
     """The `accelerate launch` line each node runs, one flag per element (expanded on the node)."""
     cfg = plan.choice.config
     parts = [
-        "exec accelerate launch",
+        "exec accelerate launch --quiet",
         f'--config_file "$TRAINPLAN_RUN/{ACCELERATE_CONFIG}"',
         '--num_machines "$SLURM_NNODES"',
         '--machine_rank "$SLURM_NODEID"',

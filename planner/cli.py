@@ -18,18 +18,20 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, get_args, get_origin
 
 import typer
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from emit import EmitOptions, check_destination, emit, launch_command, run_launch
 from emit.files import ACCELERATE_CONFIG
+from emit.report import check_report, receipt_rows, report_available, write_report
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
 from planner.models.presets import presets
+from planner.receipts import read_receipts
 from planner.render import comparison_table, render_no_fit, render_plan
-from planner.request import PlanRequest, flag_of, option
+from planner.request import PlanRequest, flag_of, input_error, option
 from planner.vocab import NO_OFFLOAD
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -45,13 +47,17 @@ class RunOptions(BaseModel):
     as_json: bool = option(False, help="Print the plan (or the error) as JSON.", flag="--json")
     explain: bool = option(False, help="Show every alternative, every rejected faster option and every note.")
     emit_dir: Path | None = option(help="Write accelerate_config.yaml, training_args.json, plan.json, launch.sh (and "
-                                        "ds_config.json, hostfile where needed) here.", flag="--emit")
-    force: bool = option(False, help="Overwrite files --emit would replace.")
+                                        "ds_config.json, peft_config.json where needed) here.", flag="--emit")
+    force: bool = option(False, help="Overwrite files --emit or --report would replace.")
+    report: Path | None = option(help='Write the plan as one self-contained HTML page with its charts (needs pip '
+                                      'install -e ".[report]"; plan.html is also written into --emit folders).')
     main_process_ip: str | None = option(help="Multi-node: address of machine rank 0 (required with --nodes > 1 "
                                               "when emitting, unless --slurm).")
-    main_process_port: int = option(29500, help="Multi-node: rendezvous port.")
+    main_process_port: int | None = option(help="Multi-node: rendezvous port (default 29500; with --slurm, one "
+                                                "from the job's id).")
     machine_rank: int = option(0, help="Multi-node: this machine's rank (0 to nodes - 1).")
-    hostnames: str | None = option(help="Multi-node: comma-separated hosts for the hostfile.")
+    hostnames: str | None = option(help="Multi-node: comma-separated hosts, rank 0 first (its name is the rank-0 "
+                                        "address unless --main-process-ip).")
     slurm: bool = option(False, help="With --emit: also write train.sbatch (sbatch DIR/train.sbatch); the rank-0 "
                                      "address then comes from the Slurm allocation.")
     probe: bool | None = option(help="Confirm the top candidates with short real steps on the local GPU (default: on "
@@ -69,16 +75,37 @@ class RunOptions(BaseModel):
 _FORMS = (PlanRequest, RunOptions)
 
 
-def _cli_type(annotation, scale) -> type:
-    """The type typer parses a field as: its own for bool, int, float, Path and lists, text for the rest (choices
-    are checked by the request, which names the flag and the values)."""
-    if scale is not None:
-        return float
+def _base(annotation):
+    """A field's type without Optional."""
     args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) is not None else []
-    base = args[0] if len(args) == 1 and get_origin(annotation) is not list else annotation
-    if get_origin(base) is list or base in (bool, int, float, Path):
+    return args[0] if len(args) == 1 and get_origin(annotation) is not list else annotation
+
+
+def _cli_type(annotation) -> type:
+    """The type typer parses a field as: its own for bool, Path and lists; text for the rest, numbers included, so
+    that a bad value gets our error naming the flag (`_typed`), not the CLI library's usage block."""
+    base = _base(annotation)
+    if get_origin(base) is list or base in (bool, Path):
         return base
     return str
+
+
+def _typed(form, values: dict) -> dict:
+    """`values` with the form's numbers (typed as text on the command line) as int or float; a value that is not one
+    is an InputError naming its flag."""
+    out = dict(values)
+    for name, info in form.model_fields.items():
+        value, scale = out.get(name), (info.json_schema_extra or {}).get("scale")
+        kind = float if scale is not None else _base(info.annotation)
+        if not isinstance(value, str) or kind not in (int, float):
+            continue
+        try:
+            out[name] = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise InputError(f"{value!r} is not {what}", flag=flag_of(form, name),
+                             hint=f"Give {what} (without units or suffixes).") from None
+    return out
 
 
 def _parameters() -> list[inspect.Parameter]:
@@ -88,7 +115,7 @@ def _parameters() -> list[inspect.Parameter]:
             extra = info.json_schema_extra or {}
             if extra.get("cli") is False:
                 continue
-            kind = _cli_type(info.annotation, extra.get("scale"))
+            kind = _cli_type(info.annotation)
             default = info.default if isinstance(info.default, (bool, int, float, str)) else None
             annotation = kind if kind is bool and default is not None else Optional[kind]
             option_ = typer.Option(*str(extra.get("flag", flag_of(form, name))).split(","), help=info.description)
@@ -99,9 +126,11 @@ def _parameters() -> list[inspect.Parameter]:
 
 def main_command(ctx: typer.Context, **values) -> None:
     """Plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest."""
-    run = RunOptions(**{k: values[k] for k in RunOptions.model_fields})
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    run = RunOptions.model_construct(as_json=values.get("as_json", False))  # how to report an error in the options
     try:
+        values = _typed(PlanRequest, _typed(RunOptions, values))
+        run = _run_options(values)
         _run(values, run, list(ctx.args))
     except NoFitError as err:
         _report_no_fit(err, run.as_json)
@@ -109,6 +138,13 @@ def main_command(ctx: typer.Context, **values) -> None:
     except TrainplanError as err:
         _report_error(err, run.as_json)
         raise typer.Exit(err.exit_code) from None
+
+
+def _run_options(values: dict) -> RunOptions:
+    try:
+        return RunOptions(**{k: values[k] for k in RunOptions.model_fields})
+    except ValidationError as err:
+        raise input_error(RunOptions, err.errors()[0]) from None
 
 
 main_command.__signature__ = inspect.Signature(_parameters())
@@ -130,15 +166,28 @@ def _run(values: dict, run: RunOptions, script_args: list[str]) -> None:
     emit_dir = run.emit_dir
     if emit_dir is not None:
         check_destination(emit_dir, run.force)
+    if run.report is not None:
+        check_report(run.report, run.force)
     result = _run_plan(request, _prober(run.probe, run.probe_budget, request.gpu), run.probe_budget)
     if run.launch and emit_dir is None:
         emit_dir = Path(tempfile.mkdtemp(prefix="trainplan-"))
     if emit_dir is not None:
         result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
+        if run.emit_dir is not None and not report_available():
+            _stderr().print('note: plan.html not written: pip install -e ".[report]" writes it')
+    if run.report is not None:
+        page = write_report(result, run.report, receipts=_receipt_rows(request, result.hardware.gpu), force=run.force)
+        result = result.model_copy(update={"files": (*result.files, page)})
     command = _launch_command(emit_dir, script_args) if run.launch else None
     _print_plan(result, run.as_json, run.explain)
     if command is not None:
         _launch(command, run.dry_run)
+
+
+def _receipt_rows(request: PlanRequest, gpu: str) -> list[dict]:
+    """--receipts on the page: each quantity of the receipts run on `gpu`, as predicted then and measured."""
+    found = read_receipts([request.receipts], cache=False)[0] if request.receipts else []
+    return [row for r in found if r["plan"]["hardware"]["gpu"] == gpu for row in receipt_rows(r)]
 
 
 def _request(values: dict, run: RunOptions) -> PlanRequest:
@@ -278,7 +327,8 @@ def _report_error(err: TrainplanError, as_json: bool) -> None:
         data = {"error": err.message, "flag": err.flag, "hint": err.hint, "exit_code": err.exit_code}
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
-    _stderr().print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
+    _stderr().print(f"[bold red]error:[/] {escape(err.cli_text() if isinstance(err, InputError) else str(err))}",
+                    markup=True, soft_wrap=True)
 
 
 def _report_no_fit(err: NoFitError, as_json: bool) -> None:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from planner.errors import InputError, NoFitError
 from planner.hardware import lookup_gpu
 from planner.planning import plan_request
-from planner.request import PlanRequest
+from planner.request import PlanRequest, as_flags
 from planner.types import Plan
 
 
@@ -21,6 +21,10 @@ class GpuComparison(BaseModel):
     gpu: str
     plan: Plan | None = None
     error: str = ""
+    #: where nothing fits: the least any candidate needs per GPU, the budget, and the first suggestion's flags
+    least_peak: int | None = None
+    budget: int | None = None
+    suggestion: str = ""
     train_hours: float | None = None
     cost_usd: float | None = None
 
@@ -31,7 +35,8 @@ class GpuComparison(BaseModel):
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "choice": self.plan.choice.config.label() if self.plan else None,
                 "tokens_per_s": self.tokens_per_s, "train_hours": self.train_hours, "cost_usd": self.cost_usd,
-                "error": self.error or None, "plan": self.plan.to_json() if self.plan else None}
+                "error": self.error or None, "least_peak_bytes": self.least_peak, "budget_bytes": self.budget,
+                "suggestion": self.suggestion or None, "plan": self.plan.to_json() if self.plan else None}
 
 
 def parse_prices(items: list[str]) -> dict[str, float]:
@@ -69,10 +74,19 @@ def compare_gpus(request: PlanRequest, gpus: list[str], *, prices: dict[str, flo
         try:
             result = plan_request(request.model_copy(update={"gpu": name}), detect=False)
         except NoFitError as err:
-            rows.append(GpuComparison(gpu=name, error=err.message))
+            rows.append(_nothing_fits(name, err))
             continue
         rows.append(_priced(name, result, request.train_tokens, (prices or {}).get(name)))
     return rows
+
+
+def _nothing_fits(name: str, err: NoFitError) -> GpuComparison:
+    """Why nothing fits on `name`: the least a candidate needs against the budget, and what would fit."""
+    over = [c.verdict for c in (err.plan.candidates if err.plan else ()) if c.verdict.kind in ("over", "states-over")]
+    least = min(over, key=lambda v: v.peak) if over else None
+    flags = next((as_flags(lever.changes) for lever in err.levers if lever.changes), "")
+    return GpuComparison(gpu=name, error=err.message, least_peak=least.peak if least else None,
+                         budget=least.budget if least else None, suggestion=flags)
 
 
 def _priced(name: str, result: Plan, train_tokens: float | None, price: float | None) -> GpuComparison:

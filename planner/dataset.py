@@ -49,7 +49,7 @@ TOKENIZE_BATCH = 1_000       # texts per tokenizer call
 SAMPLE_SEED = 0              # the row sample of a large set, and the grouping simulation, are seeded
 SIMULATED_SAMPLES = 20_000   # samples the group_by_length simulation runs over (repeated epochs of a smaller set)
 FILE_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
-DATA_EXTRA = 'pip install "trainplan[data]"'
+DATA_EXTRA = 'pip install -e ".[data]"'
 DATASET_FLAG, FIELD_FLAG, TOKENIZER_FLAG = "--dataset", "--text-field", "--tokenizer"
 TOKEN_IDS = "input_ids"      # the column of a pre-tokenised dataset: each row's token ids, counted as they are
 
@@ -358,8 +358,9 @@ def _load_hub(name: str) -> Any:
     return _one_split(loaded, name)
 
 
-def _locate(source: str | os.PathLike) -> Any:
-    """A data file or folder as a Path, or a hub id's cached Dataset."""
+def check_source(source: str | os.PathLike) -> Path | None:
+    """A data file or folder as a Path, or None for what can only be a hub id (looked up when loaded). Raises
+    InputError for what cannot be read: checked before anything heavy loads (planner/request.py)."""
     if not os.fspath(source).strip():
         raise _dataset_error("no dataset given", "pass a data file, a save_to_disk folder or a cached hub id")
     path = Path(source).expanduser()
@@ -375,7 +376,12 @@ def _locate(source: str | os.PathLike) -> Any:
             or text.count("/") > 1:
         raise _dataset_error(f"no such file or folder: {text}", "check the path (relative paths start in the "
                              "current directory)")
-    return _load_hub(text)
+    return None
+
+
+def _locate(source: str | os.PathLike) -> Any:
+    """A data file or folder as a Path, or a hub id's cached Dataset."""
+    return check_source(source) or _load_hub(os.fspath(source))
 
 
 def _records(path: Path, offsets: array, lines: array, rows: Sequence[int]) -> list[dict]:
@@ -665,3 +671,56 @@ def load_lengths(source: str | os.PathLike, *, tokenizer: Any = None, text_field
     store_json(CACHE_KIND, key, {"histogram": [list(pair) for pair in lengths.histogram],
                                  "total_rows": lengths.total_rows, "sampled_rows": lengths.sampled_rows})
     return lengths
+
+
+# ---- the dataset as training rows ----------------------------------------------------------------------------------
+
+def load_rows(source: str | os.PathLike) -> Any:
+    """The whole dataset as a `datasets.Dataset` (a file through `datasets.load_dataset`, a save_to_disk folder, or
+    a hub dataset in the local cache), for training on it. Raises InputError as load_lengths does."""
+    location = _locate(source)
+    if not isinstance(location, Path):
+        return location
+    if location.is_dir():
+        return _load_folder(location)
+    datasets = _require("datasets", str(location))
+    builder = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}[location.suffix.lower()]
+    try:
+        return datasets.load_dataset(builder, data_files=str(location), split="train")
+    except Exception as error:  # noqa: BLE001 - datasets wraps the parser's errors in several kinds
+        raise _dataset_error(f"cannot read {location}: {str(error).splitlines()[0]}",
+                             "check that each row is one sample") from None
+
+
+def sample_column(dataset: Any, text_field: str | None) -> str:
+    """The column a sample's text (or, for pre-tokenised data, its `input_ids`) is read from, as load_lengths does."""
+    table = _dataset_table(dataset)
+    if text_field is None and TOKEN_IDS in table.columns:
+        return TOKEN_IDS
+    return _text_column(table, text_field)
+
+
+def tokenize_rows(dataset: Any, tokenizer: Any, column: str, max_length: int) -> Any:
+    """`dataset` as `input_ids` lists cut at `max_length`, tokenised as load_lengths counts them (plain text with
+    the tokenizer's special tokens, chats through its chat template without). Pre-tokenised rows are only cut."""
+    if column == TOKEN_IDS:
+        return dataset.map(lambda row: {TOKEN_IDS: row[TOKEN_IDS][:max_length]},
+                           remove_columns=[c for c in dataset.column_names if c != TOKEN_IDS])
+    tokenizer = _load_tokenizer(tokenizer)
+    chat = column == "messages" or isinstance(dataset[0][column], list)
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"column {column!r} holds chats but the tokenizer has no chat template", flag=TOKENIZER_FLAG,
+                         hint="use the model's chat (instruct) tokenizer, or name a text column with --text-field")
+
+    def encode(batch: dict, rows: list[int]) -> dict:
+        texts = _batch_texts(tokenizer, batch[column], rows, column, chat)
+        ids = tokenizer(texts, add_special_tokens=not chat, truncation=True, max_length=max_length,
+                        return_attention_mask=False, return_token_type_ids=False)[TOKEN_IDS]
+        return {TOKEN_IDS: ids}
+
+    return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names)
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A fast tokenizer: the one given, or one loaded offline from a folder or the local hub cache."""
+    return _load_tokenizer(tokenizer)

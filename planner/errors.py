@@ -13,14 +13,24 @@ class TrainplanError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, flag: str | None = None, hint: str | None = None):
+    def __init__(self, message: str, *, flag: str | None = None, hint: str | None = None,
+                 keyword: str | None = None):
         super().__init__(message)
         self.message = message
         self.flag = flag
         self.hint = hint
+        self.keyword = keyword  # the library argument to fix, where it is not the flag's field (Plan.emit's folder)
 
     def __str__(self) -> str:
-        text = f"{self.flag}: {self.message}" if self.flag else self.message
+        """The error as a library caller reads it: the keyword to fix where one is named, else the flag."""
+        return self._text(self.keyword or self.flag)
+
+    def cli_text(self) -> str:
+        """The error as the command line says it: the flag to fix."""
+        return self._text(self.flag)
+
+    def _text(self, what: str | None) -> str:
+        text = f"{what}: {self.message}" if what else self.message
         return f"{text}\n{self.hint}" if self.hint else text
 
 

@@ -39,8 +39,8 @@ LR_SCHEDULER = "linear"
 #: DeepSpeed prints every this many steps (its default is 10; the Trainer logs on its own).
 STEPS_PER_PRINT = 100
 #: For the DeepSpeed multi-node launch: torchrun on every node (launch.sh run with MACHINE_RANK on each), so no
-#: passwordless ssh or pdsh is needed; the hostfile still lists the nodes for DeepSpeed's own launcher
-#: (accelerate/utils/launch.py `prepare_deepspeed_cmd_env`, accelerate/utils/constants.py
+#: passwordless ssh or pdsh is needed, and no hostfile: only DeepSpeed's own launchers read one
+#: (accelerate/utils/launch.py:452-454 `prepare_deepspeed_cmd_env`, accelerate/utils/constants.py
 #: DEEPSPEED_MULTINODE_LAUNCHERS).
 DS_MULTINODE_LAUNCHER = "standard"
 #: TrainingArguments' checkpointing fields, old name -> new: transformers 5 renamed them and warns (FutureWarning) when
@@ -101,9 +101,8 @@ def _zero_block(cfg: Config, hidden: int) -> dict:
     return zero
 
 
-def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", hostfile_path: str = "hostfile",
-                      main_process_ip: str | None = None, main_process_port: int = 29500,
-                      machine_rank: int = 0) -> dict:
+def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", main_process_ip: str | None = None,
+                      main_process_port: int = 29500, machine_rank: int = 0) -> dict:
     """accelerate's config file: single GPU, DDP, DeepSpeed or FSDP2, one node or many."""
     cfg, hw = plan.choice.config, plan.hardware
     out = {
@@ -121,7 +120,7 @@ def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", hostfile_
         # no mixed_precision key: accelerate rejects it next to a DeepSpeed config file
         ds = {"deepspeed_config_file": ds_config_path, "zero3_init_flag": cfg.zero_stage == 3}
         if hw.nodes > 1:
-            ds.update(deepspeed_hostfile=hostfile_path, deepspeed_multinode_launcher=DS_MULTINODE_LAUNCHER)
+            ds.update(deepspeed_multinode_launcher=DS_MULTINODE_LAUNCHER)
         out.update(distributed_type=ENGINE[DEEPSPEED].distributed_type, deepspeed_config=ds)
     elif cfg.engine == FSDP:
         out.update(distributed_type=ENGINE[FSDP].distributed_type, mixed_precision=PRECISION[cfg.precision].accelerate,

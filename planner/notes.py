@@ -38,6 +38,7 @@ NOTE: dict[str, NoteInfo] = {
     "no-tp-size": NoteInfo("no tensor-parallel size divides the model's key/value heads", False),
     "tensor-parallel": NoteInfo("the plan uses tensor parallelism: how to load the model for it", True),
     "no-pipeline": NoteInfo("pipeline parallelism is not planned", False),
+    "preset-variant": NoteInfo("a fine-tuned variant's name, planned with its base preset's architecture", True),
     "simpler": NoteInfo("a configuration with more moving parts was predicted faster, by less than the model can tell",
                         True),
     "host-assumed": NoteInfo("offload was checked against assumed host RAM", True),
@@ -58,6 +59,8 @@ NOTE: dict[str, NoteInfo] = {
     "optimizer-not-implemented": NoteInfo("no library here implements the optimizer: planned, not emitted", True),
     "optimizer-client": NoteInfo("the Trainer has no name for the optimizer: the script builds it", True),
     "qlora-not-probed": NoteInfo("QLoRA plans are not probed", False),
+    "receipts": NoteInfo("speeds calibrated on receipts of earlier runs on this GPU", True),
+    "receipt-skipped": NoteInfo("a receipt file that could not be read", True),
     "probes": NoteInfo("what the probes measured and how the rest was re-timed", False),
     "missing-package": NoteInfo("the plan needs a package that does not import here", True),
     "dataset-truncated": NoteInfo("samples longer than --max-length are cut", True),
@@ -165,7 +168,9 @@ class Lever(_Record):
     """One suggestion of what would fit: its kind and numbers."""
 
     kind: LeverKind
+    #: the request's fields that, changed so, make the plan fit (re-planned by the tests); {} for a statement
+    changes: dict[str, Value] = {}
 
 
-def lever(kind: str, **values: Value) -> Lever:
-    return Lever(kind=kind, values=values)
+def lever(kind: str, changes: dict[str, Value] | None = None, **values: Value) -> Lever:
+    return Lever(kind=kind, values=values, changes=changes or {})

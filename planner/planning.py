@@ -28,10 +28,11 @@ from planner.models import ResolvedModel, resolve_model
 from planner.models.build import effective_attention, model_class, samples_kept_apart
 from planner.notes import Note, Verdict, note
 from planner.program.liger import applies, patches_for
-from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
+from planner.receipts import read_receipts
+from planner.refine import DEFAULT_PROBE_BUDGET_S, receipt_speeds, refine_with_measurements, retimed
 from planner.render import no_fit_message, suggestion_text
 from planner.request import PlanRequest
-from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, search, speed_of
+from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, rank, search, speed_of
 from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
 from planner.suggest import suggestions
@@ -100,16 +101,20 @@ def plan(model, global_batch: int, *, measure: Callable | None = None, progress:
 def plan_request(request: PlanRequest, *, measure: Callable | None = None, progress: Callable | None = None,
                  probe_budget_s: float | None = None, detect: bool = True) -> Plan:
     """`plan` for a validated request."""
+    receipts, skipped = read_receipts([request.receipts] if request.receipts else [], cache=request.use_receipts)
     job = resolve_job(request, resolve_hardware(request, detect), progress)
     ranked = search(job.gpu, search_space(job), job.evaluator, job.hardware.budget_bytes,
                     host_budget=job.hardware.host_memory_bytes, speed=job.speed)
-    ranked += hardware_rejections(request.precision, job.gpu, ranked[0])
+    speeds = receipt_speeds(receipts, job.gpu.name)
+    ranked = with_receipts(ranked, speeds) + hardware_rejections(request.precision, job.gpu, ranked[0])
+    notes = search_notes(job, ranked) + receipt_notes(ranked[0], speeds, skipped)
     draft = Plan(model=ModelInfo.of(job.spec, job.seq_len, job.resolved.adapter), hardware=job.hardware,
                  seq_len=job.seq_len, optimizer=request.optimizer, attention=job.attention, choice=ranked[0],
-                 candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=search_notes(job, ranked),
-                 dataset=dataset_summary(job, ranked[0].config))
+                 candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=notes,
+                 dataset=dataset_summary(job, ranked[0].config), speed_calibrations=tuple(speeds.values()))
     if not ranked[0].fits:
-        levers = suggestions(draft, job.evaluator, job.gpu, request.offload)
+        levers = suggestions(draft, job.evaluator, job.gpu, request.offload,
+                             "max_length" if job.data else "seq_len")
         raise NoFitError(no_fit_message(draft), suggestions=[suggestion_text(s) for s in levers], plan=draft,
                          levers=levers)
     if measure is not None:
@@ -210,7 +215,7 @@ def dataset_lengths(request: PlanRequest, spec, progress: Callable | None) -> Da
     """The dataset's sample lengths in tokens (its `input_ids` where it is pre-tokenised, else tokenised with
     --tokenizer or the model's folder or hub id in the local cache), truncated at --max-length (else the model's
     maximum)."""
-    tokenizer = request.tokenizer or (str(request.model) if spec.source == "folder" else spec.name)
+    tokenizer = data_tokenizer(request, spec)
     report = (lambda done, total: progress(f"tokenizing {done:,} of {total:,} rows")) if progress else None
     lengths = load_lengths(request.dataset, tokenizer=tokenizer, text_field=request.text_field,
                            max_rows=request.dataset_rows or DEFAULT_DATASET_ROWS, progress=report)
@@ -219,6 +224,11 @@ def dataset_lengths(request: PlanRequest, spec, progress: Callable | None) -> Da
         raise InputError(f"{max_length} tokens exceed the model's {spec.max_positions} positions", flag="--max-length")
     return DataLengths(lengths=lengths, max_length=max_length, seq_len=min(max_length, lengths.max),
                        pack_len=request.max_length or min(max_length, lengths.max))
+
+
+def data_tokenizer(request: PlanRequest, spec) -> str:
+    """--tokenizer, else the model's folder or hub id (whose tokenizer the local cache may hold)."""
+    return str(request.tokenizer or (request.model if spec.source == "folder" else spec.name))
 
 
 def _sequence(seq_len: int | None, spec) -> int:
@@ -273,8 +283,10 @@ def dataset_summary(job: Job, choice: Config) -> DatasetSummary | None:
                                  mega_batch_mult=None, grad_accum=choice.grad_accum) for name in PADDING}
     row = data.pack_len if choice.padding == PACKING else data.seq_len
     steps = math.ceil(data.lengths.samples / job.samples_per_step(choice))
+    request = job.request
     return DatasetSummary(**summary, sampled=data.lengths.sampled_rows, max_length=data.max_length, row_length=row,
-                          padding_waste=waste, steps_per_epoch=steps)
+                          padding_waste=waste, steps_per_epoch=steps, source=str(request.dataset),
+                          text_field=request.text_field, tokenizer=data_tokenizer(request, job.spec))
 
 
 def paddings(job: Job) -> tuple[str | None, ...]:
@@ -376,10 +388,31 @@ def hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate
             for p, info in PRECISION.items() if info.in_auto and (problem := gpu.cannot_run(p))]
 
 
+def with_receipts(ranked: list[Candidate], speeds: dict) -> list[Candidate]:
+    """The candidates re-timed by what receipts of earlier runs on this GPU measured (`receipt_speeds`: per precision
+    family; memory as modelled), the fitting ones ranked again."""
+    if not speeds:
+        return ranked
+    retimed_all = [retimed(c, speeds) for c in ranked]
+    return rank([c for c in retimed_all if c.fits]) + [c for c in retimed_all if not c.fits]
+
+
+def receipt_notes(choice: Candidate, speeds: dict, skipped: list[str]) -> tuple[Note, ...]:
+    """What receipts changed in this plan (the chosen family's calibration), and each receipt file skipped."""
+    notes = tuple(note("receipt-skipped", why=line) for line in skipped)
+    speed = speeds.get(choice.config.precision_family())
+    if speed is not None:
+        notes += (note("receipts", runs=speed.probes, precision=speed.precision, ratio=speed.micro_step,
+                       low=speed.low, high=speed.high),)
+    return notes
+
+
 def search_notes(job: Job, ranked: list[Candidate]) -> tuple[Note, ...]:
     """The notes that depend on the search's ranking."""
     request, hardware, gpu, choice = job.request, job.hardware, job.gpu, ranked[0]
     notes = [note("reference-gpu", gpu=gpu.name)] if hardware.reference else []
+    if job.resolved.variant_of:
+        notes.append(note("preset-variant", name=job.spec.name, base=job.resolved.variant_of))
     if request.precision == AUTO and any(gpu.cannot_run(p) for p, info in PRECISION.items()
                                          if info.in_auto and info.autocast):
         notes.append(note("no-bf16", gpu=gpu.name, compute_capability=gpu.compute_capability))

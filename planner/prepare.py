@@ -19,15 +19,24 @@ FSDP.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.config import Config
 from planner.errors import InputError
 from planner.export import CHECKPOINTING_ARGS, checkpointing_arg
 from planner.models.adapters import Adapter, apply_adapter, with_task
-from planner.models.build import effective_attention, moe_block_classes
+from planner.dataset import load_tokenizer
+from planner.models import resolve_model
+from planner.models.build import effective_attention, model_class, moe_block_classes
+from planner.memory.estimate import MemoryEstimate
 from planner.program.step import enable_checkpointing
+from planner.receipts import DEFAULT_WARMUP, Meter
+from planner.speed.step import ThroughputInfo
+from planner.train_data import collator, train_rows
+from planner.uncertainty import NO_MARGIN
 from planner.vocab import (
     ATTENTION, CHECKPOINTING, CLASS_LABELS, DEEPSPEED, FSDP, OPTIMIZER, PACKING, PADDING_FREE, PRECISION, TASK,
     TOKEN_LABELS, TP_PLAN_AUTO,
@@ -39,6 +48,25 @@ PATH_ARGS = ("deepspeed", "output_dir")
 #: accelerate's variable for the DeepSpeed config file, which it sets from accelerate_config.yaml as written
 #: (accelerate/utils/launch.py:581-582) and opens from the current directory (accelerate/utils/dataclasses.py:1265)
 DEEPSPEED_CONFIG_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
+log = logging.getLogger("planner")
+
+
+@dataclass(frozen=True)
+class LoadedChoice:
+    """plan.json's chosen configuration, shaped as `plan().choice` is: its Config, memory estimate and speed."""
+
+    config: Config
+    memory: MemoryEstimate | None
+    throughput: ThroughputInfo | None
+
+    @classmethod
+    def of(cls, data: dict) -> "LoadedChoice":
+        choice, memory, speed = data["choice"], data.get("memory"), data.get("throughput")
+        margin = (memory or {}).get("margin") or {}
+        return cls(config=Config(**{name: choice[name] for name in Config.model_fields if name in choice}),
+                   memory=MemoryEstimate(**{"device": "cuda", **memory}, margin_basis=margin.get("basis", NO_MARGIN),
+                                         margin_rows=margin.get("rows", 0)) if memory else None,
+                   throughput=ThroughputInfo(**speed) if speed else None)
 
 
 class LoadedPlan:
@@ -48,12 +76,36 @@ class LoadedPlan:
         """`data`: plan.json's; `folder`: where its files are (None for a plan in memory, whose `training_args` are
         then given)."""
         self.data, self.folder, self._training_args = data, folder, training_args
-        choice = data["choice"]
-        self.choice = Config(**{name: choice[name] for name in Config.model_fields if name in choice})
+        self.choice = LoadedChoice.of(data)
+        self.config = self.choice.config
+        self.cpu_changes: list[str] = []  # what a CPU trial of the plan turned off (`cpu_trial`), a line each
 
     @property
     def model_name(self) -> str:
+        """The model's hub id or preset name, or its local folder as found from this plan's folder."""
+        if self.data["model"].get("source") == "folder":
+            return self.local_path("model", self.data["model"]["name"])
         return self.data["model"]["name"]
+
+    @property
+    def dataset_source(self) -> str | None:
+        """The dataset the plan was made for (`plan --dataset`): a file or folder as found from this plan's folder,
+        or a hub id; None for a plan made without one."""
+        source = (self.data.get("dataset") or {}).get("source")
+        return self.local_path("dataset", source) if source else None
+
+    def local_path(self, kind: str, given: str) -> str:
+        """A local path the plan names (`kind`: model, dataset or tokenizer): where plan.json's `paths` say it is
+        (relative to this folder, else its absolute path when the plan was emitted), else `given` as it is."""
+        where = (self.data.get("paths") or {}).get(kind)
+        if not where or self.folder is None:
+            return given
+        candidates = [os.path.normpath(self.folder / where["relative"]), where["absolute"]]
+        found = next((path for path in candidates if os.path.exists(path)), None)
+        if found is None:
+            raise InputError(f"the plan's {kind} {given} is in neither {candidates[0]} nor {candidates[1]}",
+                             flag=f"--{kind}", hint=f"Copy the {kind} there, or plan again with its new path.")
+        return found
 
     @property
     def seq_len(self) -> int:
@@ -111,14 +163,47 @@ class LoadedPlan:
     def from_pretrained_kwargs(self) -> dict:
         """What `AutoModelFor...from_pretrained(name, **kwargs)` needs for this plan: transformers' tensor-parallel
         plan for a TP plan (it shards the weights as it loads them, under the launcher's processes), the
-        BitsAndBytesConfig for QLoRA."""
+        BitsAndBytesConfig for QLoRA (left out on a machine without CUDA, whose trial trains the adapters over the
+        16-bit base: bitsandbytes' 4-bit kernels need a GPU)."""
         kwargs = {}
-        if self.choice.tensor_parallel > 1:
+        if self.config.tensor_parallel > 1:
             kwargs["tp_plan"] = TP_PLAN_AUTO
-        bnb = self.bnb_config()
+        bnb = self.bnb_config() if _cuda() else None
+        if self.bnb_config() is not None and bnb is None:
+            log.warning("CPU trial: the 4-bit base is off (bitsandbytes' kernels need a GPU): LoRA over a 16-bit base")
         if bnb is not None:
             kwargs["quantization_config"] = bnb
         return kwargs
+
+    def load_model(self, trust_remote_code: bool = False):
+        """The plan's model with its pretrained weights and head (`from_pretrained` with `from_pretrained_kwargs()`).
+        Build the training arguments first: under ZeRO-3 they make DeepSpeed partition the weights as they load."""
+        config = self.model_config(resolve_model(self.model_name, trust_remote_code=trust_remote_code).config)
+        cls = model_class(config, trust_remote_code)
+        return cls.from_pretrained(self.model_name, config=config, trust_remote_code=trust_remote_code,
+                                   **self.from_pretrained_kwargs())
+
+    def tokenizer(self, name: str | None = None):
+        """A fast tokenizer, loaded offline: `name`, else the one the plan read its dataset with, else the model's."""
+        data = self.data.get("dataset") or {}
+        planned = self.local_path("tokenizer", data["tokenizer"]) if data.get("tokenizer") else self.model_name
+        return load_tokenizer(name or planned)
+
+    def train_dataset(self, tokenizer, source: str | None = None, text_field: str | None = None):
+        """`source` (else the plan's dataset) as training rows: tokenised, cut at the plan's maximum length, packed
+        where the plan packs (planner/train_data.py). Needs the `data` extra, and TRL to pack."""
+        data = self.data.get("dataset") or {}
+        source = source or self.dataset_source
+        if source is None:
+            raise InputError("the plan was made without a dataset and none was given", flag="--dataset",
+                             hint="Pass the data file or folder to train on.")
+        return train_rows(source, tokenizer, text_field=text_field or data.get("text_field"),
+                          max_length=data.get("max_length") or self.seq_len, padding=self.config.padding,
+                          row_length=data.get("row_length") or self.seq_len)
+
+    def data_collator(self, tokenizer):
+        """The collator for `train_dataset`'s rows, batched as the plan chose (planner/train_data.py)."""
+        return collator(tokenizer, self.config.padding)
 
     def bnb_config(self):
         """A transformers BitsAndBytesConfig to load a QLoRA plan's base with (None otherwise):
@@ -128,13 +213,13 @@ class LoadedPlan:
             return None
         from transformers import BitsAndBytesConfig
 
-        return BitsAndBytesConfig(**adapter.bnb_kwargs(self.choice.half_dtype() or "bfloat16"))
+        return BitsAndBytesConfig(**adapter.bnb_kwargs(self.config.half_dtype() or "bfloat16"))
 
     def prepare(self, model):
         """Apply to `model` what the plan assumed and the Trainer's arguments cannot express; returns the model
         (a peft PeftModel for LoRA / QLoRA plans)."""
 
-        cfg = self.choice
+        cfg = self.config
         self._check_head(model)
         if cfg.tensor_parallel > 1 and (getattr(model, "tp_size", None) or 1) != cfg.tensor_parallel:
             raise InputError(f"the plan splits each layer across {cfg.tensor_parallel} GPUs, and this model is not "
@@ -175,7 +260,7 @@ class LoadedPlan:
             return model
         import torch
 
-        half = self.choice.half_dtype()
+        half = self.config.half_dtype()
         return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
 
     def training_arguments_dict(self, **overrides) -> dict:
@@ -188,7 +273,12 @@ class LoadedPlan:
             for key in PATH_ARGS:
                 if isinstance(data.get(key), str):
                     data[key] = str(self.folder / Path(data[key]).expanduser())  # an absolute path stays as it is
-        return _current_names(data) | _current_names(overrides)
+        args = _current_names(data) | _current_names(overrides)
+        if args.get("use_cpu") or not _cuda():
+            args, self.cpu_changes = cpu_trial(args)
+            for line in self.cpu_changes:
+                log.warning("CPU trial: %s", line)
+        return args
 
     def sft_config(self, **overrides):
         """TRL's SFTConfig for the plan: the Trainer's arguments, the rows' max_length, and packing or padding-free
@@ -206,6 +296,51 @@ class LoadedPlan:
         from transformers import TrainingArguments
 
         return TrainingArguments(**self.training_arguments_dict(**overrides))
+
+    def callback(self, folder=None, *, warmup: int = DEFAULT_WARMUP, cache: bool = True):
+        """A TrainerCallback writing the run's receipt.json (docs/receipts.md): `Trainer(..., callbacks=
+        [plan.callback()])`. `folder`: default the plan's folder, else (a plan in memory) the Trainer's output_dir."""
+        # lazy: the Trainer's modules load only for a run, not for planning
+        from planner.receipt_callback import ReceiptCallback
+
+        return ReceiptCallback(self.data, self.seq_len, folder or self.folder, warmup=warmup, cache=cache)
+
+    def receipt(self, folder=None, *, warmup: int = DEFAULT_WARMUP, tokens_per_step: float | None = None,
+                cache: bool = True) -> Meter:
+        """A receipt for a loop without the Trainer: `with plan.receipt() as meter:` and `meter.step()` after each
+        optimizer step; receipt.json is written when the block ends (default folder as `callback`)."""
+        return Meter(self.data, folder or self.folder, warmup=warmup, tokens_per_step=tokens_per_step, cache=cache)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cpu_trial(args: dict) -> tuple[dict, list[str]]:
+    """TrainingArguments' fields made to run on this machine's CPU, and what was changed, a line each: the CPU device
+    asked for, TF32 and Liger-Kernel off (a CPU has no TF32 cores, and Liger's Triton kernels need a GPU), bf16 off
+    where this CPU cannot run it, bitsandbytes' 8-bit optimizers replaced by torch's AdamW."""
+    from transformers.utils import is_torch_bf16_available_on_device
+
+    out, changes = dict(args), []
+    if not out.get("use_cpu"):
+        out["use_cpu"] = True
+        changes.append("the CPU trains (use_cpu): this machine has no CUDA GPU")
+    if out.get("tf32"):
+        out["tf32"] = None
+        changes.append("tf32 off: a CPU has no TF32 cores")
+    if out.get("use_liger_kernel"):
+        out["use_liger_kernel"] = False
+        changes.append("Liger-Kernel off: its Triton kernels need a GPU")
+    if out.get("bf16") and not is_torch_bf16_available_on_device("cpu"):
+        out["bf16"] = False
+        changes.append("bf16 off: this CPU cannot compute in bf16 (fp32 instead)")
+    if "bnb" in str(out.get("optim", "")):
+        out["optim"] = "adamw_torch"
+        changes.append(f"{args['optim']} off (bitsandbytes needs a GPU): adamw_torch instead")
+    return out, changes
 
 
 def _current_names(args: dict) -> dict:

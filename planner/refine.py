@@ -187,6 +187,22 @@ def speed_calibrations_from(measured: dict) -> dict[str, SpeedCalibration]:
             for family, (micro, optim) in ratios.items()}
 
 
+def receipt_speeds(receipts: list[dict], gpu: str) -> dict[str, SpeedCalibration]:
+    """Per precision family, the median measured / predicted step time of the GPU runs planned for `gpu`: what
+    receipts pin of a plan's speed on that GPU (their memory is left as modelled)."""
+    ratios: dict[str, list[float]] = {}
+    for r in receipts:
+        measured, expected = r["measured"].get("step_time_s"), r["predicted"].get("step_time_s")
+        if r["plan"]["hardware"]["gpu"] != gpu or (r.get("device") or {}).get("kind") != "cuda" \
+                or not measured or not expected:
+            continue
+        family = Config.model_validate(r["plan"]["choice"]).precision_family()
+        ratios.setdefault(family, []).append(measured / expected)
+    return {family: SpeedCalibration(micro_step=statistics.median(r), optimizer_step=statistics.median(r),
+                                     probes=len(r), precision=family, source="receipts", low=min(r), high=max(r))
+            for family, r in ratios.items()}
+
+
 def retimed(cand: Candidate, speeds: dict[str, SpeedCalibration]) -> Candidate:
     """An unprobed candidate re-timed by its precision family's calibration (`speed_calibrations_from`); as modelled
     where its family was not probed."""
@@ -201,7 +217,8 @@ def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
         return cand
     parts = tp.parts.model_copy(update={"compute": tp.parts.compute * calib.micro_step,
                                         "optimizer": tp.parts.optimizer * calib.optimizer_step})
-    return cand.model_copy(update={"throughput": tp.at_step_time(parts.total, parts=parts, source="calibrated")})
+    source = "receipts" if calib.source == "receipts" else "calibrated"
+    return cand.model_copy(update={"throughput": tp.at_step_time(parts.total, parts=parts, source=source)})
 
 
 def _rerank(plan, measured: dict, records: list[ProbeRecord]):

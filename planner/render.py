@@ -11,11 +11,13 @@ from rich.text import Text
 
 from planner.models.adapters import Adapter
 from planner.notes import Lever, Note, Verdict
+from planner.request import as_flags
 from planner import facts
 from planner.uncertainty import BY_ROWS, NO_MARGIN
 from planner.vocab import DEEPSPEED, ESTIMATE, PACKING
 
 GiB = 2**30
+GB = 10**9  # host memory is in GB, as --host-memory and the machines' specs give it
 _PARTS = (("parameters", "param", "cyan"), ("gradients", "grad", "magenta"),
           ("optimizer_states", "optim", "yellow"), ("activations", "act", "green"), ("overhead", "other", "red"),
           ("margin", "margin", "bright_black"))
@@ -89,8 +91,8 @@ def summary(plan, explain: bool = False) -> Panel:
              f"[bold]{cfg.precision}[/], checkpointing [bold]{cfg.checkpointing}[/], {cfg.parallelism_label()}, "
              + offload + (", [bold]torch.compile[/]" if cfg.compiled else "")
              + (", [bold]Liger[/]" if cfg.liger else ""),
-             _speed_line(tp, plan.throughput_error),
-             _closeness(c.memory, h)]
+             speed_line(tp, plan.throughput_error),
+             closeness(c.memory, h)]
     if explain:
         lines[0] += f", hidden {m.hidden}, vocab {m.vocab}"
         at = 3 + len(_trained(m))
@@ -143,7 +145,7 @@ def _data(plan) -> list[str]:
             f"rows of {d.row_length:,}, {padding} ({d.padding_waste.get(padding, 0):.0%} padding)"]
 
 
-def _speed_line(tp, error) -> str:
+def speed_line(tp, error) -> str:
     """Tokens/s and step time, as a range where they are modelled and the model's error on runs like this is known."""
     what = "tokens of data/s" if tp.real_tokens_per_s is not None else "tokens/s"
     speed = tp.useful_tokens_per_s
@@ -167,7 +169,8 @@ def _speed_line(tp, error) -> str:
 
 
 def _speed_source(source: str) -> str:
-    return {"model": "modelled", "calibrated": "modelled, calibrated by probes", "probe": "measured",
+    return {"model": "modelled", "calibrated": "modelled, calibrated by probes",
+            "receipts": "modelled, calibrated on earlier runs on this GPU: see the note", "probe": "measured",
             "probe+model": "measured, communication modelled"}[source]
 
 
@@ -191,7 +194,7 @@ def step_breakdown(tp, grad_accum: int) -> list[str]:
     return [text]
 
 
-def _closeness(mem, hardware) -> str:
+def closeness(mem, hardware) -> str:
     """How close to the card the plan runs, what the margin is for and how it was sized."""
     text = (f"peak {mem.peak / GiB:.1f} of {gib(hardware.gpu_memory_bytes)} "
             f"({mem.peak / hardware.gpu_memory_bytes:.0%})")
@@ -220,6 +223,10 @@ def _difference(cfg, choice) -> str:
         parts.append(f"offload {cfg.offload}")
     if cfg.compiled != choice.compiled:
         parts.append("compiled" if cfg.compiled else "eager")
+    if cfg.liger != choice.liger:
+        parts.append("Liger" if cfg.liger else "no Liger")
+    if cfg.padding != choice.padding:
+        parts.append(f"{cfg.padding} rows")
     return ", ".join(parts) or cfg.label()
 
 
@@ -227,8 +234,10 @@ def alternatives(plan, limit: int = 5, explain: bool = True) -> Table:
     """The fastest runner-up of each kind of configuration, and why it lost."""
     table = Table(title="Top alternatives (why each lost)", title_justify="left", expand=False,
                   box=None if not explain else box.SQUARE, padding=(0, 1), show_edge=explain)
-    for col in ("config" if explain else "instead", "tokens/s", "peak", "why not chosen"):
-        table.add_column(col, no_wrap=not explain)
+    table.add_column("config" if explain else "instead", ratio=3)
+    for col in ("tokens/s", "peak"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("why not chosen", ratio=2)  # wraps at 80 columns, never cut
     best, choice = plan.choice.throughput.useful_tokens_per_s, plan.choice.config
     shown, seen = 0, {choice.family()}
     for c in plan.candidates[1:]:
@@ -239,7 +248,7 @@ def alternatives(plan, limit: int = 5, explain: bool = True) -> Table:
         seen.add(c.config.family())
         slower = 1 - c.throughput.useful_tokens_per_s / best
         why = f"{slower:.1%} slower" if slower > 0.0005 else "as fast, more to run" if slower > -0.0005 else \
-            f"{-slower:.0%} faster, more to run"
+            f"{-slower:.1%} faster, more to run"
         label = c.config.label() if explain else _difference(c.config, choice)
         table.add_row(escape(label), fmt_tokens(c.throughput.useful_tokens_per_s), gib(c.memory.peak), why)
         shown += 1
@@ -303,30 +312,44 @@ def probes_table(plan) -> Table:
 
 
 def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
-    """`plan --compare-gpus`: one row per GPU, the choice, its speed and, when asked, the run's time and cost."""
+    """`plan --compare-gpus`: one row per GPU, the choice, its speed and, when asked, the run's time and cost; a GPU
+    where nothing fits says what the least of its candidates needs and what would fit. Fits 80 columns."""
     title = "The same job on each GPU" + (f" ({train_tokens:.3g} training tokens)" if train_tokens else "")
-    table = Table(title=title, title_justify="left")
-    for col in ("GPU", "choice", "tokens/s", "peak / card") + (("time",) if train_tokens else ()) + (
-            ("cost (USD)",) if priced else ()):
-        table.add_column(col)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("GPU", no_wrap=True)
+    table.add_column("choice", ratio=1)
+    table.add_column("tokens/s", no_wrap=True)
+    table.add_column("peak GiB", no_wrap=True)
+    extra = (("time",) if train_tokens else ()) + (("USD",) if priced else ())
+    for col in extra:
+        table.add_column(col, no_wrap=True)
     for r in rows:
         if r.plan is None:
-            table.add_row(r.gpu, f"[red]nothing fits[/]: {escape(r.error)}", "—", "—",
-                          *(["—"] * (bool(train_tokens) + priced)))
+            table.add_row(r.gpu, f"[red]nothing fits[/]: {escape(_why_nothing_fits(r))}", "—", "—",
+                          *(["—"] * len(extra)))
             continue
         c, h = r.plan.choice, r.plan.hardware
         # the measured speed of runs like it lay within these bounds (planner.types.ErrorBar); time and cost follow
         error = r.plan.throughput_error if c.throughput.source == "model" else None
         low, high = error.bounds(1.0, rate=True) if error and error.measured else (1.0, 1.0)
         cells = [r.gpu, escape(c.config.label()), _range(c.throughput.tokens_per_s, low, high, fmt_tokens),
-                 f"{gib(c.memory.peak)} / {gib(h.gpu_memory_bytes)}"]
+                 f"{c.memory.peak / GiB:.1f} / {h.gpu_memory_bytes / GiB:.0f}"]
         if train_tokens:
             cells.append(_range(r.train_hours, 1 / high, 1 / low, _duration))
         if priced:
             cells.append(_range(r.cost_usd, 1 / high, 1 / low, lambda x: f"{x:,.0f}") if r.cost_usd is not None
-                         else "— (no --price)")
+                         else "—")
         table.add_row(*cells)
+    if priced and any(r.plan is not None and r.cost_usd is None for r in rows):
+        table.caption, table.caption_justify = "USD: — where --price gives none (--price GPU=USD_PER_HOUR)", "left"
     return table
+
+
+def _why_nothing_fits(row) -> str:
+    """The least a candidate needs against the budget, and the flags of what would fit."""
+    why = (f"the least needs {gib(row.least_peak)} of {gib(row.budget)}" if row.least_peak is not None
+           else row.error)
+    return why + (f"; try {row.suggestion}" if row.suggestion else "")
 
 
 def _range(value: float, low: float, high: float, fmt) -> str:
@@ -511,6 +534,9 @@ NOTE_TEXT = {
     "simpler": lambda v: (f"Chosen for fewer moving parts: {v['other']} was predicted {v['faster']:.0%} faster, "
                           f"less than the {v['tie']:.0%} by which one configuration's speed varies between GPUs of a "
                           "kind (search.structure_tie); probe both to tell."),
+    "preset-variant": lambda v: (f"{v['name']} is not in the local cache: planned as {v['base']}, the bundled "
+                                 "preset it was fine-tuned from (the same architecture and sizes); pass its folder "
+                                 "with config.json to plan from its own config."),
     "no-pipeline": lambda v: ("Pipeline parallelism (layers split across nodes) is not planned: transformers and "
                               "accelerate have no pipeline schedule for training HF models; it would be needed where a "
                               "model's layers do not fit a node even fully sharded (use torchtitan or Megatron-LM "
@@ -531,7 +557,7 @@ NOTE_TEXT = {
     "liger": lambda v: (f"Liger-Kernel: the Trainer's use_liger_kernel patches {v['patches']} ({v['source']})"
                         + (f"; traced as the model's own: {v['unmodelled']}" if v["unmodelled"] else "") + "."),
     "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
-                                  "installed here, so --liger auto did not weigh it: pip install \"trainplan[liger]\", "
+                                  "installed here, so --liger auto did not weigh it: pip install -e \".[liger]\", "
                                   "or --liger on to plan with it."),
     "qlora-ddp-only": lambda v: f"Only DDP was planned: {v['problem']}.",
     "qlora-prepare": lambda v: ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps "
@@ -570,6 +596,10 @@ NOTE_TEXT = {
                                       "(--attention flash keeps them apart)."),
     "missing-package": lambda v: (f"The plan needs {v['package']}, which is not installed here: {v['install']} "
                                   "(on the machine that trains)."),
+    "receipts": lambda v: (f"Speeds calibrated on {v['runs']} run(s) on this GPU ({v['precision']}; receipts): their steps "
+                           f"took x{v['ratio']:.2f} the modelled time (x{v['low']:.2f}-x{v['high']:.2f}), so every "
+                           f"{v['precision']} candidate is re-timed by it; memory stays as modelled"),
+    "receipt-skipped": lambda v: f"A receipt was not read: {v['why']}",
     "probes": lambda v: (f"Probes: {v['run']} run ({v['cached']} from cache) in {v['seconds']:.0f} s; {v['confirmed']} "
                          "confirmed by measurement; unprobed candidates of a probed precision re-timed with its "
                          "measured/modelled ratios (the probes table)."
@@ -606,42 +636,42 @@ def note_text(n: Note) -> str:
 def _adapters_tried(v: dict) -> str:
     """What LoRA (and, where LoRA did not fit, QLoRA) would need, as the suggestion lists them."""
     methods = ("lora",) if v["fits"] == "lora" else ("lora", "qlora")
-    return "; ".join(f"{v[m + '_label']} (--peft {m}; {v[m + '_trainable'] / 1e6:.0f}M trainable) needs "
+    return "; ".join(f"{v[m + '_label']} ({v[m + '_trainable'] / 1e6:.0f}M trainable) needs "
                      f"{v[m + '_peak'] / GiB:.1f} GiB per GPU" for m in methods)
 
 
 def suggestion_text(s: Lever) -> str:
+    """The suggestion's sentence, ending with the flags that make the plan fit."""
     v = s.values
     smallest = (f"The smallest configuration (micro-batch 1, full checkpointing, {v.get('precision')}"
                 f"{', ZeRO-3' if v.get('zero3') else ''}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
-    nodes = f" --nodes {v['nodes']}" if v.get("nodes", 1) > 1 else ""
     texts = {
         "pinned": lambda: (f"{smallest} and fits the {v['budget'] / GiB:.1f} GiB budget: the choices you pinned "
                            "(micro-batch, precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin "
                            "fewer of them."),
         "smallest": lambda: f"{smallest}; the budget is {v['budget'] / GiB:.1f} GiB.",
         "more-gpus": lambda: (f"More GPUs: {v['gpus']} x {v['gpu']} with ZeRO-3 need {v['peak'] / GiB:.1f} GiB per "
-                              f"GPU (--gpus-per-node {v['per_node']}{nodes}; the global batch must divide by "
-                              f"{v['gpus']})."),
+                              "GPU"),
         "larger-gpu": lambda: (f"A larger GPU: {v['gpu']} ({v['gpu_gib']:.0f} GiB) holds the smallest configuration "
-                               f"({v['peak'] / GiB:.1f} GiB)."),
+                               f"({v['peak'] / GiB:.1f} GiB)"),
         "offload-short": lambda: (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory "
                                   f"still needs {v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB over the "
                                   "budget."),
         "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB) but needs "
-                                 f"{v['host_bytes'] / GiB:.0f} GiB of host memory, more than the "
-                                 f"{v['host_budget'] / GiB:.0f} GiB per node planned for (--host-memory)."),
+                                 f"{v['host_bytes'] / GB:.0f} GB of host memory, more than the "
+                                 f"{v['host_budget'] / GB:.0f} GB per node planned for: on a machine with more"),
         "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {v['peak'] / GiB:.1f} "
-                            f"GiB per GPU and {v['host_bytes'] / GiB:.0f} GiB of host memory"
-                            f"{' (allow it: --offload auto)' if v['was_off'] else ''}."),
+                            f"GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
         "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
-                               f"peak {v['peak'] / GiB:.1f} GiB fits (--optimizer adamw-8bit)."),
-        "adapters": lambda: "Adapters instead of full fine-tuning: " + _adapters_tried(v) + ", which fits.",
+                               f"peak {v['peak'] / GiB:.1f} GiB fits"),
+        "adapters": lambda: ("Adapters instead of full fine-tuning: " + _adapters_tried(v)
+                             + (f"; {v[v['fits'] + '_label']} fits one {v['gpu']}" if v.get("gpu") else ", which fits")),
         "adapters-short": lambda: "Adapters do not fit either: " + _adapters_tried(v) + ".",
-        "shorter-sequence": lambda: (f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
-                                     f"checkpointing (--seq-len {v['seq_len']})."),
+        "shorter-sequence": lambda: f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
+                                    "checkpointing",
         "offload-shorter-sequence": lambda: (f"Offload and a shorter sequence: with optimizer and parameters in CPU "
                                              f"memory, {v['seq_len']} tokens fit at micro-batch 1 with full "
-                                             f"checkpointing (--seq-len {v['seq_len']})."),
+                                             "checkpointing"),
     }
-    return texts[s.kind]()
+    text = texts[s.kind]()
+    return f"{text} ({as_flags(s.changes)})." if s.changes else text

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from planner.dataset import check_source
 from planner.errors import InputError, TrainplanError
 from planner.models.adapters import Adapter
 from planner.vocab import (
@@ -54,6 +55,17 @@ def flag_of(model: type[BaseModel], field: str) -> str:
     return str(extra.get("flag", "--" + field.replace("_", "-"))).split(",")[0]
 
 
+def as_flags(changes: dict[str, Any]) -> str:
+    """PlanRequest field values as the CLI flags that give them ("--gpu A100-80GB --peft qlora"), in the CLI's unit."""
+    words = []
+    for field, value in changes.items():
+        extra = PlanRequest.model_fields[field].json_schema_extra or {}
+        scale = extra.get("scale")
+        words.append(f"{flag_of(PlanRequest, field)} {value / scale:g}" if scale else f"{flag_of(PlanRequest, field)} "
+                     f"{value}")
+    return " ".join(words)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -63,7 +75,7 @@ class _Request(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as err:
-            raise _input_error(cls, err.errors()[0]) from None
+            raise input_error(cls, err.errors()[0]) from None
 
 
 class PlanRequest(_Request):
@@ -124,6 +136,11 @@ class PlanRequest(_Request):
                                   + ". auto compiles where it is faster over the run (give its length).")
     liger: LigerMode = option(AUTO, help="Liger-Kernel's Triton kernels (the Trainer's use_liger_kernel): "
                               + choices_text(LIGER) + ". auto weighs them where liger-kernel is installed here.")
+    receipts: str | None = option(help="A receipt.json or a folder of them (a team's runs) to calibrate speeds on this "
+                                       "GPU with, beside the receipts in the cache (docs/receipts.md).",
+                                  flag="--receipts")
+    use_receipts: bool = option(True, help="Calibrate with the receipts earlier runs left in the cache.",
+                                flag="--cached-receipts/--no-cached-receipts")
     dataset: str | None = option(help="Your training data (JSON lines, JSON, CSV, Parquet, a save_to_disk folder, or a "
                                       "hub dataset in the local cache): plans for its sample lengths and batching.")
     text_field: str | None = option(help="The dataset's text column (default: a chat 'messages' column rendered by "
@@ -170,6 +187,8 @@ class PlanRequest(_Request):
         given = next((flag_of(PlanRequest, f) for f in DATASET_FIELDS if getattr(self, f) not in (None, AUTO)), None)
         if given and self.dataset is None:
             raise InputError("applies to --dataset", flag=given, hint="Add --dataset FILE.")
+        if self.dataset is not None:
+            check_source(self.dataset)  # a missing file is said before the model or the data loads
         if self.dataset is not None and self.seq_len is not None:
             raise InputError("cannot be combined with --dataset: the data's lengths set the sequence", flag="--seq-len",
                              hint="Drop --seq-len; --max-length truncates the samples.")
@@ -252,7 +271,7 @@ _MESSAGES = {
 }
 
 
-def _input_error(model: type[BaseModel], error: dict) -> TrainplanError:
+def input_error(model: type[BaseModel], error: dict) -> TrainplanError:
     field = str(error["loc"][0]) if error["loc"] else "input"
     flag = flag_of(model, field) if field in model.model_fields else field
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from emit.files import EmitOptions
 from emit.files import emit as write_files
 from planner.config import Config
+from planner.errors import InputError
 from planner.export import accelerate_config, deepspeed_config, loss_scaling, peft_config, training_args
 from planner.hardware import GPU
 from planner.memory.estimate import MemoryEstimate
@@ -171,8 +172,11 @@ class SpeedCalibration(BaseModel):
 
     micro_step: float
     optimizer_step: float
-    probes: int
+    probes: int     # the runs it is the median of
     precision: str  # the precision family it re-times
+    source: Literal["probes", "receipts"] = "probes"   # this plan's probes, or receipts of earlier runs on the GPU
+    low: float | None = None    # receipts: the least and the most measured / predicted step time among the runs
+    high: float | None = None
 
 
 class ErrorBar(BaseModel):
@@ -234,6 +238,9 @@ class DatasetSummary(BaseModel):
     row_length: int
     padding_waste: dict[str, float] = {}
     steps_per_epoch: int = 0   # optimizer steps of the chosen configuration in one pass over the samples
+    source: str | None = None      # --dataset as given, and the column and tokenizer its lengths were read with
+    text_field: str | None = None
+    tokenizer: str | None = None
 
 
 class Requirement(BaseModel):
@@ -324,14 +331,41 @@ class Plan(BaseModel):
         """A transformers.TrainingArguments for the plan (`overrides` applied), the DeepSpeed config given as a dict."""
         return self._loaded().training_arguments(**overrides)
 
+    def from_pretrained_kwargs(self) -> dict:
+        """What `from_pretrained` needs for the plan: the BitsAndBytesConfig for QLoRA, tp_plan for TP."""
+        return self._loaded().from_pretrained_kwargs()
+
     def sft_config(self, **overrides):
         """TRL's SFTConfig for the plan (`LoadedPlan.sft_config`): with a dataset, its max_length and batching."""
         return self._loaded().sft_config(**overrides)
 
+    def callback(self, folder=None, **options):
+        """A TrainerCallback writing the run's receipt.json into `folder` (default: the Trainer's output_dir);
+        `options`: warmup, cache (docs/receipts.md)."""
+        return self._loaded().callback(folder, **options)
+
+    def receipt(self, folder=None, **options):
+        """`with plan.receipt(folder) as meter:` for a loop without the Trainer: `meter.step()` per optimizer step."""
+        return self._loaded().receipt(folder, **options)
+
+    def report(self, path, **options) -> str:
+        """Write the plan as one self-contained HTML page of charts (docs/report.md; needs the report extra).
+        `options`: comparison, receipts, force. Returns the path written."""
+        from emit.report import write_report  # lazy: matplotlib loads only when a page is asked for
+
+        return write_report(self, path, **options)
+
     def emit(self, folder, **options) -> list[str]:
         """Write the plan's files into `folder` (what `plan --emit` writes); `options` are emit.EmitOptions' fields
-        (force, main_process_ip, slurm, ...). Returns the paths written."""
-        return write_files(self, folder, EmitOptions(**options))
+        (force, main_process_ip, slurm, ...). Returns the paths written; a folder holding them already raises
+        InputError unless force=True."""
+        try:
+            return write_files(self, folder, EmitOptions(**options))
+        except InputError as err:
+            if err.flag != "--emit":
+                raise
+            raise InputError(err.message, flag=err.flag, keyword="folder",
+                             hint="Pass force=True to overwrite them, or choose another folder.") from None
 
     def _loaded(self) -> LoadedPlan:
         args = training_args(self)
@@ -379,5 +413,5 @@ def _memory_json(m: MemoryEstimate) -> dict:
     return {"parameters": m.parameters, "gradients": m.gradients, "optimizer_states": m.optimizer_states,
             "activations": m.activations, "overhead": m.overhead, "peak_allocated": m.peak_allocated,
             "peak_reserved": m.peak_reserved, "peak": m.peak, "cpu_offload_bytes": m.cpu_offload_bytes,
-            "method": m.method, "terms": m.terms.model_dump(),
+            "method": m.method, "device": m.device, "terms": m.terms.model_dump(),
             "margin": {"bytes": m.margin, "basis": m.margin_basis, "rows": m.margin_rows}}

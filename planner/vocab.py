@@ -21,11 +21,11 @@ class PackageInfo:
 
 #: Packages a plan may need beyond the base install (each choice below names the ones it needs).
 PACKAGE: dict[str, PackageInfo] = {
-    "deepspeed": PackageInfo("deepspeed", 'pip install "trainplan[deepspeed]"'),
-    "peft": PackageInfo("peft", 'pip install "trainplan[peft]"'),
-    "bitsandbytes": PackageInfo("bitsandbytes", 'pip install "trainplan[bitsandbytes]"'),
+    "deepspeed": PackageInfo("deepspeed", 'pip install -e ".[deepspeed]"'),
+    "peft": PackageInfo("peft", 'pip install -e ".[peft]"'),
+    "bitsandbytes": PackageInfo("bitsandbytes", 'pip install -e ".[bitsandbytes]"'),
     "flash-attn": PackageInfo("flash_attn", "pip install flash-attn --no-build-isolation"),
-    "liger-kernel": PackageInfo("liger_kernel", 'pip install "trainplan[liger]"'),
+    "liger-kernel": PackageInfo("liger_kernel", 'pip install -e ".[liger]"'),
 }
 
 

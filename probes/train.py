@@ -29,6 +29,7 @@ from pathlib import Path
 
 from planner.models import resolve_model
 from planner.models.build import model_class
+from planner.errors import TrainplanError
 from planner.prepare import load_plan
 from planner.program.step import make_batch
 from planner.types import Measurement
@@ -37,8 +38,8 @@ from probes.protocol import result_line
 
 DESCRIPTION = ("Train the planned model for a few steps (random weights, synthetic batches, the HF Trainer) with the "
                "files `plan --emit DIR` wrote, and report each rank's peak memory and step times.")
-#: Exit code of a run refused because the plan cannot fit this machine.
-NO_FIT = 2
+#: Exit code of a run refused because the plan cannot fit this machine, or whose plan cannot be read.
+NO_FIT = BAD_INPUT = 2
 GIB = 2**30
 
 
@@ -140,7 +141,7 @@ def build_model(plan, config, trust_remote_code: bool):
     import torch
 
     cls = model_class(config, trust_remote_code)
-    cfg = plan.choice
+    cfg = plan.config
     device = "cpu"
     if torch.cuda.is_available() and not (cfg.sharded and cfg.zero_stage == 3):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
@@ -164,7 +165,13 @@ class SyntheticBatches:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = load_plan(args.plan)
+    try:
+        plan = load_plan(args.plan)
+        plan.model_name  # noqa: B018 - a local model folder the plan names must be found before anything loads
+    except TrainplanError as err:
+        if local_rank() == 0:
+            sys.stderr.write(f"probes.train: {err.message}" + (f"; {err.hint}" if err.hint else "") + "\n")
+        return BAD_INPUT
     refusal = None if args.force else memory_refusal(plan.data)
     if refusal:
         if local_rank() == 0:  # one line per machine
@@ -173,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     result = train(plan, args)
     sys.stdout.write(result_line(result))
     sys.stdout.flush()
+    if result.status != "ok" and local_rank() == 0:
+        sys.stderr.write(f"probes.train: the run failed ({result.status}): {result.reason.splitlines()[0]}\n")
     _leave_process_group()
     if args.out:
         out = Path(args.out)
@@ -264,19 +273,19 @@ def _train(plan, args) -> Measurement:
     # lazy: probes.measure imports the Trainer (seconds); --help and the memory check answer before it loads
     from probes.measure import StepMeter
 
-    cfg = plan.choice
+    cfg = plan.config
     cuda = torch.cuda.is_available()
     total = args.warmup + args.steps
     config = model_config(plan, args.trust_remote_code)
-    cpu_only = {} if cuda else {"use_cpu": True, "tf32": None}  # a CPU has no TF32 (TrainingArguments refuses it)
     targs = plan.training_arguments(output_dir=tempfile.mkdtemp(prefix="trainplan-train-"), max_steps=total,
                                     save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
-                                    dataloader_num_workers=0, seed=0, **cpu_only)
+                                    dataloader_num_workers=0, seed=0)
     model = plan.prepare(build_model(plan, config, args.trust_remote_code))  # after the arguments: zero.Init
     data = SyntheticBatches(model, cfg.global_batch * total, plan.seq_len)
     meter = StepMeter(warmup=args.warmup, cuda=cuda, model=model)
     optimizer = plan.create_optimizer(model)  # LAMB: a class the Trainer has no name for
-    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[meter, progress(total)],
+    receipt = plan.callback(warmup=args.warmup)  # receipt.json in the plan's folder
+    trainer = Trainer(model=model, args=targs, train_dataset=data, callbacks=[meter, progress(total), receipt],
                       optimizers=(optimizer, None) if optimizer is not None else (None, None))
     trainer.remove_callback(PrinterCallback)  # its log dicts on stdout: the progress lines say it once
     if not cuda:

@@ -275,7 +275,7 @@ def test_missing_peft_is_an_input_error_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` now raises ImportError
     with pytest.raises(InputError, match="peft") as err:
         resolve_model("gpt2", adapter=Adapter("lora"))
-    assert err.value.flag == "--peft" and "trainplan[peft]" in err.value.hint
+    assert err.value.flag == "--peft" and ".[peft]" in err.value.hint
 
 
 def test_cli_seed_case_json_reports_trainable_and_total(tmp_path):
@@ -298,8 +298,11 @@ def test_no_fit_names_the_adapters_that_would_fit():
 
     with pytest.raises(NoFitError) as err:
         plan("meta-llama/Llama-3.1-8B", 16, seq_len=1024, gpu="T4-16GB", offload=False)
-    lever = next(s for s in err.value.suggestions if "Adapters" in s)
-    assert "--peft lora" in lever and "--peft qlora" in lever and lever.endswith("which fits.")
+    lever = next(lv for lv in err.value.levers if lv.kind == "adapters")
+    text = next(s for s in err.value.suggestions if "Adapters" in s)
+    # both sizes are said; only the one that fits is offered as flags
+    assert "LoRA r=16" in text and "QLoRA r=16" in text and "which fits" in text
+    assert lever.changes == {"peft": "qlora"} and text.endswith("(--peft qlora).")
 
 
 def _tiny_mixtral():
@@ -352,4 +355,5 @@ def test_no_fit_advice_for_qlora_names_only_plans_trainplan_makes():
         plan("meta-llama/Llama-3.1-8B", 16, seq_len=4096, gpu="A100-40GB", offload=False)
     more = next(lever for lever in full.value.levers if lever.kind == "more-gpus")
     assert (more["gpus"], more["per_node"], more["nodes"]) == (8, 8, 1)
-    assert "--gpus-per-node 8;" in next(s for s in full.value.suggestions if s.startswith("More GPUs"))
+    assert more.changes == {"gpus_per_node": 8, "nodes": 1}
+    assert "(--gpus-per-node 8 --nodes 1)." in next(s for s in full.value.suggestions if s.startswith("More GPUs"))

@@ -222,6 +222,7 @@ def test_the_plan_says_where_its_step_time_goes():
     assert f"step = {accum} micro-steps x" in " ".join(text.split()) and parts["bound"] in text
 
 
+@pytest.mark.long
 def test_explain_says_how_far_plans_like_this_have_been_from_measured_runs():
     result = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--json")
     errors = json.loads(result.stdout)
@@ -254,6 +255,7 @@ def test_the_step_breakdown_names_what_binds_and_only_the_parts_there_are():
     assert line() == []  # a measured throughput without parts
 
 
+@pytest.mark.long
 def test_the_first_readme_command_fits_one_screen_at_80_columns():
     result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--model", "bigscience/bloom-560m", "--batch", "256"])
     assert result.exit_code == 0, result.output
@@ -295,6 +297,7 @@ def test_a_no_fit_names_a_closest_candidate_only_with_a_computed_peak():
     assert "No configuration fits:" in text and text.count("No configuration") == 1
 
 
+@pytest.mark.long
 def test_a_plan_says_which_packages_it_needs_and_how_to_install_a_missing_one(monkeypatch):
     import planner.planning
 
@@ -303,9 +306,9 @@ def test_a_plan_says_which_packages_it_needs_and_how_to_install_a_missing_one(mo
             "--zero-stage", "2", "--offload", "none")
     data = json.loads(invoke(*args, "--json").stdout)
     assert data["requirements"] == [{"package": "deepspeed", "installed": False,
-                                     "install": 'pip install "trainplan[deepspeed]"'}]
+                                     "install": 'pip install -e ".[deepspeed]"'}]
     text = " ".join(invoke(*args).output.split())
-    assert 'pip install "trainplan[deepspeed]"' in text  # the extra survives rich's markup
+    assert 'pip install -e ".[deepspeed]"' in text  # the extra survives rich's markup
     monkeypatch.setattr(planner.planning, "installed", lambda module: True)
     assert json.loads(invoke(*args, "--json").stdout)["requirements"][0]["installed"] is True
 

@@ -171,6 +171,7 @@ def test_the_effect_is_read_from_the_models_joint_graph_and_cached(tmp_path, mon
         update={"checkpointing": "full"}).compile_saves_activations()  # a checkpointed block saves its input
 
 
+@pytest.mark.long
 def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run():
     from planner.hardware import lookup_gpu
     from planner.hardware.efficiency_data import efficiency
@@ -199,6 +200,7 @@ def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run
     assert short_run.step_time_s == pytest.approx(per_step.step_time_s + short_run.parts.compile)
 
 
+@pytest.mark.long
 def test_auto_weighs_compiling_only_with_the_runs_length():
     unknown = plan("gpt2", 8, gpu="A100-80GB", seq_len=256)
     assert not any(c.config.compiled for c in unknown.candidates)
@@ -220,6 +222,7 @@ def test_auto_weighs_compiling_only_with_the_runs_length():
     assert not {"compile", "compiled", "compile-not-weighed"} & {n.kind for n in off.notes}
 
 
+@pytest.mark.long
 def test_compile_on_is_emitted_for_the_trainer_and_accelerate(tmp_path):
     import transformers
     from accelerate.commands.config.config_args import load_config_from_file
@@ -236,7 +239,7 @@ def test_compile_on_is_emitted_for_the_trainer_and_accelerate(tmp_path):
     assert targs.torch_compile and targs.torch_compile_backend == "inductor"
     acc = load_config_from_file(str(tmp_path / "run" / "accelerate_config.yaml"))
     assert acc.dynamo_config == {"dynamo_backend": "INDUCTOR"}
-    assert load_plan(tmp_path / "run").choice.compiled
+    assert load_plan(tmp_path / "run").choice.config.compiled
 
 
 def test_a_compiled_candidates_probe_gets_its_compile_time_on_top_of_a_probes_limit():

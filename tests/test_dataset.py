@@ -298,7 +298,7 @@ def test_folders_without_datasets_say_how_to_install_it(tmp_path, tok, monkeypat
     (folder / "state.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
     error = raises_input_error("--dataset", "datasets", source=folder, tokenizer=tok)
-    assert 'pip install "trainplan[data]"' in error.hint
+    assert 'pip install -e ".[data]"' in error.hint
 
 
 # ---- pre-tokenised data ---------------------------------------------------------------------------------------------
@@ -381,6 +381,7 @@ def test_input_ids_in_a_csv_and_a_missing_input_ids_column(tmp_path):
                        text_field="input_ids")
 
 
+@pytest.mark.long
 def test_a_plan_with_input_ids_needs_no_tokenizer(tmp_path, monkeypatch):
     """The preset Qwen/Qwen2.5-0.5B resolves offline, its tokenizer is not here: text cannot be planned for, token
     ids can (and the planner does not look for the tokenizer)."""

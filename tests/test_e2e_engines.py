@@ -60,6 +60,7 @@ def model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.long
 def test_emitted_files_train_as_planned(case, model, tmp_path):
     pytest.importorskip("deepspeed")
     row = bench.run_case(case, model, tmp_path)

@@ -41,6 +41,7 @@ def written(out: Path) -> tuple[list[dict], dict, dict]:
     return [json.loads(line) for line in lines.read_text().splitlines()], whole, found
 
 
+@pytest.mark.long
 def test_dry_run_writes_a_line_per_configuration_and_evidence_files(tmp_path):
     stdout = run_script(tmp_path, "--dry-run", "--only", ",".join(("gpt2-bf16", "bert-seqcls-bf16", *HOOKS)),
                         timeout=120)

@@ -163,6 +163,7 @@ def requests(draw):
           phases=[Phase.explicit, Phase.generate],  # a plan takes seconds: report the example as drawn, unshrunk
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(request=requests())
+@pytest.mark.long
 def test_every_candidate_of_every_plan_obeys_physics(request, dataset):
     model, batch, fields = request
     if fields.pop("data", False):
@@ -178,6 +179,7 @@ def test_every_candidate_of_every_plan_obeys_physics(request, dataset):
 
 
 @pytest.mark.parametrize("liger", ["on", "off"])
+@pytest.mark.long
 def test_the_liger_tensor_parallel_plan_that_broke_physics(liger):
     """Qwen2.5-7B LoRA on 8 H100s at 4,096 tokens once planned a peak of -72 GiB at 3.4x the speed with Liger: Liger's
     savings were taken from a selective block's formula that holds none of them, and from whole tensors a

@@ -32,7 +32,7 @@ def test_the_plan_object_prepares_a_model_builds_its_arguments_and_writes_its_fi
     written = p.emit(tmp_path / "run")
     assert str(tmp_path / "run" / "plan.json") in written
     loaded = planner.load_plan(tmp_path / "run")
-    assert loaded.choice == cfg
+    assert loaded.choice.config == cfg  # the shape of plan().choice
     assert json.loads((tmp_path / "run" / "training_args.json").read_text())["gradient_accumulation_steps"] == \
         cfg.grad_accum
 

@@ -696,6 +696,7 @@ def test_on_is_refused_where_liger_does_not_apply():
     assert err.value.flag == "--liger" and "T4" in str(err.value)
 
 
+@pytest.mark.long
 def test_on_plans_and_emits_it_and_says_what_to_install(tmp_path):
     from emit import emit
     from planner import plan
@@ -713,6 +714,7 @@ def test_on_plans_and_emits_it_and_says_what_to_install(tmp_path):
     assert args["liger_kernel_config"] == {"fused_linear_cross_entropy": False}  # the FLCE patch breaks such heads
 
 
+@pytest.mark.long
 def test_auto_weighs_it_only_where_installed(monkeypatch):
     from planner import plan
 

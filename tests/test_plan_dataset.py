@@ -39,6 +39,7 @@ def _plan(model_dir, data, **kw):
     return plan(str(model_dir), 16, gpu="A100-80GB", dataset=str(data), detect=False, **kw)
 
 
+@pytest.mark.long
 def test_padded_memory_is_the_longest_batch_and_packed_memory_is_max_length(model_dir, data):
     for padding, rows in (("longest", LONGEST), ("packing", 1024)):
         p = _plan(model_dir, data, max_length=1024, padding=padding)
@@ -52,6 +53,7 @@ def test_padded_memory_is_the_longest_batch_and_packed_memory_is_max_length(mode
         assert p.choice.memory.peak == alone.peak, padding
 
 
+@pytest.mark.long
 def test_the_choice_follows_tokens_of_data_per_second(model_dir, data):
     p = _plan(model_dir, data)
     best = max(c.throughput.real_tokens_per_s for c in p.candidates if c.fits)
@@ -71,6 +73,7 @@ def test_the_choice_follows_tokens_of_data_per_second(model_dir, data):
     assert data_json["throughput"]["real_tokens_per_s"] == p.choice.throughput.real_tokens_per_s
 
 
+@pytest.mark.long
 def test_the_length_histogram_is_cached(model_dir, data, monkeypatch, tmp_path):
     monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path / "cache"))
     seen = []
@@ -90,6 +93,7 @@ def test_dataset_flags_are_checked(model_dir, data):
     assert err.value.flag == "--seq-len"
 
 
+@pytest.mark.long
 def test_packing_trains_about_the_batch_in_samples(model_dir, data):
     """--batch counts samples, packed or not: a packed row of 1,024 tokens holds 1024 x (1 - waste) / 78 of these
     samples (78,000 tokens in 1,000 samples, wrapped into 77 rows), so 64 samples are about 5 rows."""

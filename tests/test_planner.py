@@ -166,6 +166,7 @@ def test_bloom_560m_on_t4_needs_fp16_small_micro_batches_and_accumulation():
         plan("bigscience/bloom-560m", 256, gpu="T4-16GB", precision="bf16-mixed")
 
 
+@pytest.mark.long
 def test_bert_large_512_batch_32_fits_on_a100_with_mixed_precision():
     p = plan("google-bert/bert-large-uncased", 32, gpu=A100, seq_len=512)
     assert p.choice.fits and p.choice.config.precision in ("bf16-mixed", "fp16-mixed")
@@ -188,6 +189,7 @@ def test_an_lr_tuned_at_the_micro_batch_scales_by_the_accumulation():
     assert p.lr.learning_rate == pytest.approx(1e-4 * math.sqrt(n))
 
 
+@pytest.mark.long
 def test_nothing_fits_says_what_would():
     with pytest.raises(NoFitError) as info:
         plan("meta-llama/Llama-3.1-70B", 8, gpu="T4-16GB", seq_len=1024, offload=False)
@@ -206,6 +208,7 @@ def test_pins_that_exclude_every_fit_are_named_not_blamed_on_the_gpu():
     assert len(info.value.suggestions) == 1 and "rule it out" in info.value.suggestions[0]
 
 
+@pytest.mark.long
 def test_offload_respects_host_memory():
     p = plan("meta-llama/Llama-3.1-70B", 64, gpu="H100-80GB", gpus_per_node=8, seq_len=2048)
     assert p.hardware.host_memory_bytes > 0
@@ -238,6 +241,7 @@ def test_a_simpler_candidate_within_the_speed_tie_goes_first():
     assert [c.verdict.problem for c in rank([fewer, accumulated])] == ["accumulated", "fewer"]
 
 
+@pytest.mark.long
 def test_without_lr_no_learning_rate_or_warmup_is_written():
     """A plan with no --lr once wrote 2262 warmup steps (27 days at that plan's step time)."""
     from planner.export import training_args
@@ -248,6 +252,7 @@ def test_without_lr_no_learning_rate_or_warmup_is_written():
     assert note_of(p, "no-lr")["scaling"] == "sqrt"
 
 
+@pytest.mark.long
 def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu():
     a100 = plan("bigscience/bloom-560m", 256, gpu=A100, lr=2e-4, lr_batch=32)
     t4 = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", lr=2e-4, lr_batch=32, host_memory=int(64e9))
@@ -258,6 +263,7 @@ def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu
     assert err.value.flag == "--lr-batch" and "--lr-batch 256 keeps it as given" in err.value.hint
 
 
+@pytest.mark.long
 def test_offload_is_checked_against_the_host_ram_of_the_gpus_usual_system_or_the_one_given():
     """bloom-560m on a T4: offload needs 12.5 GiB of host RAM, more than a Colab VM's 12.7 GB (assumed: the T4's
     usual system) or the 12.7 GB given; with 64 GB given it is the fastest plan, and the plan says where RAM came
@@ -284,6 +290,7 @@ def test_every_catalog_gpu_has_a_usual_system_with_its_host_ram_and_source():
     assert usual_system("A10G-24GB").host_bytes_for(4) == 4 * 16 * 2**30  # four g5.xlarge's worth
 
 
+@pytest.mark.long
 def test_a_70b_model_does_not_fit_a_workstation_4090_by_offloading_into_ram_it_lacks():
     with pytest.raises(NoFitError) as err:
         plan("meta-llama/Llama-2-70b-hf", 16, gpu="RTX4090-24GB")
@@ -298,17 +305,20 @@ def test_explain_returns_the_view_as_plain_text():
     assert all(len(line) <= 120 for line in text.splitlines())
 
 
+@pytest.mark.long
 def test_llama_70b_on_a_t4_names_the_offload_miss_and_the_sequence_that_fits():
     with pytest.raises(NoFitError) as info:
         plan("meta-llama/Llama-2-70b-hf", 8, seq_len=4096, gpu="T4-16GB", host_memory=2 * 10**12)
     text = "\n".join(info.value.suggestions)
     assert "Offload alone is not enough" in text and "GiB over the budget" in text
-    shorter = int(text.split("--seq-len ")[1].split(")")[0])
-    assert 1024 <= shorter < 4096
+    lever = next(lv for lv in info.value.levers if "seq_len" in lv.changes)
+    shorter = lever.changes["seq_len"]
+    assert 1024 <= shorter < 4096 and f"--seq-len {shorter}" in text
     fits = plan("meta-llama/Llama-2-70b-hf", 8, seq_len=shorter, gpu="T4-16GB", host_memory=2 * 10**12)
     assert fits.choice.fits and fits.choice.memory.exact
 
 
+@pytest.mark.long
 def test_moe_under_zero3_says_what_prepare_does_for_it():
     p = plan("mistralai/Mixtral-8x7B-v0.1", 64, gpu=A100, gpus_per_node=8, seq_len=2048, zero_stage=3)
     assert note_of(p, "moe-zero3").values == {"experts_per_token": 2, "experts": 8}
@@ -326,6 +336,7 @@ def test_warmup_is_sized_to_the_run_and_written_only_when_its_length_is_known():
     assert scale_lr(0.1, 8192, 256, "linear", "sgd").warmup_steps == 0
 
 
+@pytest.mark.long
 def test_run_length_is_given_once_and_converted_from_tokens():
     p = plan("gpt2", 64, gpu="A100-80GB", seq_len=1024, lr=1e-3, lr_batch=1, train_tokens=64 * 1024 * 400)
     assert p.lr.run_steps == 400 and p.lr.warmup_steps == 20
@@ -334,6 +345,7 @@ def test_run_length_is_given_once_and_converted_from_tokens():
     assert err.value.flag == "--train-steps"
 
 
+@pytest.mark.long
 def test_a_slower_network_slows_a_multi_node_plan_and_the_plan_says_which_network():
     kwargs = dict(gpu="A100-80GB", gpus_per_node=8, nodes=2, memory_method="analytic", detect=False)
     dgx = plan("meta-llama/Llama-3.2-1B", 256, **kwargs)
@@ -360,6 +372,7 @@ def test_auto_searches_fp16_mixed_only_where_bf16_cannot_run(gpu, searched):
     assert _precisions("fp16-mixed", lookup_gpu(gpu), "sdpa") == ("fp16-mixed",)
 
 
+@pytest.mark.long
 def test_plan_output_does_not_depend_on_string_hashing(tmp_path):
     """Two interpreters with different hash seeds (and trace caches) write the same plan JSON, to the last digit: no
     sum iterates a set of strings (planner/program/profile.py `extrapolated` once did)."""

@@ -21,9 +21,13 @@ HOSTS = ("gpu-node-07", "gpu-node-08")
 #: srun: drop its options, run the command once per node with that node's SLURM_NODEID
 SRUN = '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\n' \
        'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@"; done\n'
+#: scontrol: the allocation's hosts, and the job's Command= line (the batch script's path as submitted)
 SCONTROL = '#!/usr/bin/env bash\n[ "$1 $2 $3" = "show hostnames $SLURM_JOB_NODELIST" ] && printf "%s\\n" ' \
-           + " ".join(HOSTS) + "\n"
-ACCELERATE = '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$STUB_OUT/node-$SLURM_NODEID.args"\n'
+           + " ".join(HOSTS) + '\n[ "$1 $2 $3" = "show job $SLURM_JOB_ID" ] && printf "   Command=%s\\n" "$STUB_COMMAND"\n' \
+           + "exit 0\n"
+ACCELERATE = '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$STUB_OUT/node-$SLURM_NODEID.args"\n' \
+             'pwd > "$STUB_OUT/node-$SLURM_NODEID.cwd"\n'
+JOB_ID = 1234
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +49,23 @@ def _stubs(folder: Path) -> Path:
     return folder
 
 
-def _submit(run: Path, tmp_path: Path, nodes: int, *script: str) -> list[list[str]]:
-    """Run train.sbatch as Slurm would (in the run folder); the `accelerate` arguments of each node."""
-    stubs, out = _stubs(tmp_path / "stubs"), tmp_path / "out"
+def _submit(run: Path, tmp_path: Path, nodes: int, *script: str, submit_dir: Path | None = None) -> list[list[str]]:
+    """Run train.sbatch as Slurm would: `sbatch run/train.sbatch ...` from `submit_dir` (default: the run folder's
+    parent), the job a copy of the script in a spool folder, started in the submit directory. The `accelerate`
+    arguments of each node."""
+    stubs, out, spool = _stubs(tmp_path / "stubs"), tmp_path / "out", tmp_path / "spool"
     out.mkdir()
+    spool.mkdir()
+    submit_dir = submit_dir or run.parent
+    (spool / "slurm_script").write_text((run / "train.sbatch").read_text())
     env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_OUT": str(out),
-           "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_NNODES": str(nodes)}
+           "SLURM_JOB_NODELIST": "gpu-node-[07-08]", "SLURM_NNODES": str(nodes), "SLURM_JOB_ID": str(JOB_ID),
+           "SLURM_SUBMIT_DIR": str(submit_dir), "STUB_COMMAND": os.path.relpath(run / "train.sbatch", submit_dir)}
     env.pop("TRAINPLAN_RUN", None)
-    done = subprocess.run(["bash", str(run / "train.sbatch"), *script], cwd=run, env=env,  # noqa: S603
+    done = subprocess.run(["bash", str(spool / "slurm_script"), *script], cwd=submit_dir, env=env,  # noqa: S603
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    assert all((out / f"node-{i}.cwd").read_text().strip() == str(submit_dir) for i in range(nodes))
     return [(out / f"node-{i}.args").read_text().splitlines() for i in range(nodes)]
 
 
@@ -103,7 +114,7 @@ def test_sbatch_passes_the_users_script_arguments(plans, tmp_path):
     emit(plans["fsdp"], run, EmitOptions(slurm=True))
     args = _accelerate_reads(_submit(run, tmp_path, 2, "train.py", "--epochs", "1", "--name", "a b")[1])
     assert (args.training_script, args.training_script_args) == ("train.py", ["--epochs", "1", "--name", "a b"])
-    assert args.main_process_port == 29500
+    assert args.main_process_port == 20000 + JOB_ID % 20000  # a port per job, unless --main-process-port
     baked = sbatch_script(plans["fsdp"], EmitOptions(slurm=True), script=("my train.py", "--epochs", "1"))
     assert "set -- 'my train.py' --epochs 1; fi" in baked
 
@@ -115,7 +126,17 @@ def test_sbatch_refuses_a_folder_without_the_plan(plans, tmp_path):
     env = {**os.environ, "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"}
     done = subprocess.run(["bash", str(script)], cwd=tmp_path / "empty", env=env,  # noqa: S603, S607
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "submit from the folder" in done.stderr
+    assert done.returncode == 2 and "submit the train.sbatch plan --emit wrote" in done.stderr
+
+
+def test_sbatch_from_elsewhere_finds_its_folder_and_the_users_script_from_there(plans, tmp_path):
+    run = tmp_path / "runs" / "run"
+    emit(plans["single-node"], run, EmitOptions(slurm=True))
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    args = _accelerate_reads(_submit(run, tmp_path, 1, "train.py", submit_dir=elsewhere)[0])
+    assert Path(args.config_file) == run / "accelerate_config.yaml"
+    assert args.training_script == "train.py"  # resolved by Python in the submit directory, as typed there
 
 
 def test_slurm_emits_a_multi_node_plan_without_the_rank0_address(plans):

@@ -43,6 +43,7 @@ def _peak(model_dir, tmp_path, precision: str, checkpointing: str) -> tuple[int,
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+@pytest.mark.long
 def test_selective_plan_lands_between_none_and_full(model_dir, tmp_path, precision):
     peaks = {ck: _peak(model_dir, tmp_path, precision, ck) for ck in ("none", "selective", "full")}
     assert peaks["full"][0] < peaks["selective"][0] < peaks["none"][0], peaks

@@ -7,6 +7,8 @@ the candidates: never a silent fallback.
 
 from __future__ import annotations
 
+import difflib
+
 import json
 import re
 from functools import lru_cache
@@ -30,6 +32,8 @@ class GPU(BaseModel):
     name: str
     aliases: tuple[str, ...] = ()
     vendor: str
+    #: consumer (GeForce) or data-centre: suggestions of another GPU look among the user's kind first
+    segment: str = "data-centre"
     memory_bytes: int = Field(gt=0)
     compute_capability: str
     bf16: bool
@@ -147,9 +151,11 @@ def lookup_gpu(name: str) -> GPU:
             f"{name!r} is ambiguous", flag="--gpu",
             hint=f"It matches: {', '.join(g.name for g in partial)}. Pass one of those.",
         )
+    close = difflib.get_close_matches(name.strip().upper(), [n.upper() for n in known_names()], n=2, cutoff=0.6)
+    guess = [n for n in known_names() if n.upper() in close]
     raise UnknownGPUError(
-        f"unknown GPU {name!r}", flag="--gpu", hint=f"Known GPUs: {', '.join(known_names())}."
-    )
+        f"unknown GPU {name!r}", flag="--gpu",
+        hint=(f"Did you mean {' or '.join(guess)}? " if guess else "") + f"Known GPUs: {', '.join(known_names())}.")
 
 
 def detect_gpus() -> DetectedGPUs | None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError, ModelNotFoundError
 from planner.models.adapters import quantized_linear_numel, with_task
 from planner.models.build import build_meta, spec_from_model
-from planner.models.presets import find_preset, presets
+from planner.models.presets import close_names, find_preset, find_variant, presets
 from planner.models.spec import ModelSpec
 from planner.models.validate import check_config
 from planner.vocab import AUTO, task_of_class
@@ -37,6 +37,7 @@ class ResolvedModel:
     module: Any = None
     trust_remote_code: bool = False
     adapter: Any = None          # planner.models.adapters.Adapter: LoRA / QLoRA trained over the frozen model
+    variant_of: str | None = None  # the preset a fine-tuned variant's name was planned as (presets.find_variant)
 
 
 def resolve_model(source, *, trust_remote_code: bool = False, task: str | None = None, num_labels: int | None = None,
@@ -77,7 +78,8 @@ def trained_as(resolved: ResolvedModel, task=None, num_labels=None, adapter=None
     model = build_meta(config, trust_remote_code=trust, adapter=adapter)
     spec = spec_from_model(model, config, name=resolved.spec.name, source=resolved.spec.source, adapter=adapter,
                            quantized=quantized)
-    return ResolvedModel(spec=spec, config=config, trust_remote_code=resolved.trust_remote_code, adapter=adapter)
+    return ResolvedModel(spec=spec, config=config, trust_remote_code=resolved.trust_remote_code, adapter=adapter,
+                         variant_of=resolved.variant_of)
 
 
 def _is_module(obj) -> bool:
@@ -139,8 +141,14 @@ def _from_string(text: str, trust: bool) -> ResolvedModel:
         return _from_config(_preset_config(preset.config, trust), name=preset.id, origin="preset", trust=trust)
     if _hub_reachable():
         return _from_config(_load_config(text, trust), name=text, origin="hub", trust=trust)
+    variant = find_variant(text)
+    if variant:  # a fine-tune of a preset: its base's architecture, under the name asked for
+        resolved = _from_config(_preset_config(variant.config, trust), name=text, origin="preset", trust=trust)
+        return replace(resolved, variant_of=variant.id)
+    close = close_names(text)
     raise ModelNotFoundError(f"{text!r} is not a local folder, not in the HF cache and not a bundled preset, "
-                             "and the hub is offline", flag="--model", hint=_how_to_pass())
+                             "and the hub is offline", flag="--model",
+                             hint=(f"Did you mean {' or '.join(close)}? " if close else "") + _how_to_pass())
 
 
 def _how_to_pass() -> str:

@@ -211,7 +211,7 @@ def _import_peft():
         import peft
     except ImportError as err:
         raise InputError("LoRA and QLoRA need the peft library", flag="--peft",
-                         hint='Install it: pip install "trainplan[peft]".') from err
+                         hint='Install it: pip install -e ".[peft]".') from err
     return peft
 
 

@@ -63,7 +63,7 @@ class ThroughputInfo(BaseModel):
     step_time_s: float
     #: model: the speed model alone; calibrated: the model rescaled by this GPU's probes; probe: measured;
     #: probe+model: measured on fewer ranks, the modelled communication added
-    source: Literal["model", "calibrated", "probe", "probe+model"] = "model"
+    source: Literal["model", "calibrated", "receipts", "probe", "probe+model"] = "model"
     parts: StepParts = StepParts()
     #: tokens of data per second, padding left out (None: every sample fills its row, as without a dataset)
     real_tokens_per_s: float | None = None

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # trainplan: mb 2 x N 16 x 8 GPU, bf16-mixed, DDP
-# usage: ./launch.sh train.py [script args...]
-# in train.py: model = planner.load_plan("<this folder>/plan.json").prepare(model)  (applies what the
-# Trainer arguments cannot say); or run the shipped script: ./launch.sh -m probes.train --plan <this folder>
+# usage: <this folder>/launch.sh SCRIPT [script args...]
+# SCRIPT: <this folder>/train.py (or train_trl.py) --dataset FILE to train; your own script, with
+# planner.load_plan("<this folder>").prepare(model); or a trial: -m probes.train --plan <this folder>
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec accelerate launch --config_file "$here/accelerate_config.yaml" "$@"
+exec accelerate launch --quiet --config_file "$here/accelerate_config.yaml" "$@"

@@ -1,0 +1,189 @@
+"""Every command and code block in README.md and docs/*.md runs as written: each fenced bash or python block, and each
+inline `plan ...` / `pip install ...` / `accelerate launch ...` / `sbatch ...` command, in a fresh folder of a
+sandbox, offline, on the CPU.
+
+The sandbox holds what the text names: chats.jsonl, a Hugging Face cache with the tokenizers of the models the
+quick start fine-tunes, and a tiny random stand-in for gpt2's weights (the hub's cannot be downloaded here).
+What needs a GPU, a cluster or the package index meets stand-ins that check it, then stop: `pip` checks the extras
+it is asked for exist in pyproject.toml; `accelerate` parses its arguments with accelerate's own parser, reads the
+config they name and checks that the training script exists; `sbatch` runs the batch script as Slurm does (a copy in
+a spool folder, the job's working directory the submit directory) with `srun` / `scontrol` stand-ins.
+
+A block preceded by `<!-- docs-test: syntax -->` (installs of system packages, a virtual environment) is checked by
+`bash -n` / compile, and of its commands only the `pip install`s (against the stand-in) and the `plan`s run;
+`<!-- docs-test: run-folder -->` gives the block the `run/` folder RUN_FOLDER emits (as the text says), which
+the sentences' commands naming run/ files get too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.models.presets import find_preset, find_variant
+from tiny import chat_tokenizer, chats, hub_snapshot, tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"(?:<!-- docs-test: (?P<mark>.*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
+INLINE = re.compile(r"`((?:plan|pip install|accelerate launch|sbatch) [^`]*)`")
+#: `plan --json`, `plan --emit`: a flag named in a sentence, not a command (a command names a model, or lists)
+FLAG_NAMED = re.compile(r"plan --(?!list-|help)[a-z-]+")
+#: The run folder a sentence's command reads (`run/train.sbatch`, `run/launch.sh`), made once for the sandbox.
+RUN_FOLDER = ("plan --model ./tiny-llama --batch 4 --max-length 64 --dataset chats.jsonl --zero-stage 0 --emit run/ "
+              "--slurm")
+#: Models whose config and tokenizer the docs' fine-tuning commands read from the local cache (the tokenizer a
+#: stand-in: a word-level one with a chat template).
+CACHED_MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-0.5B")
+pytestmark = pytest.mark.slow
+
+
+def _blocks() -> list[tuple[str, str, str, str]]:
+    """(id, language, mark, text) of every fenced bash / python block and every inline command."""
+    found = []
+    for doc in DOCS:
+        text, name = doc.read_text(), doc.relative_to(ROOT).as_posix()
+        for match in FENCE.finditer(text):
+            if match["lang"] in ("bash", "python"):
+                line = text[:match.start("body")].count("\n")
+                found.append((f"{name}:{line}", match["lang"], match["mark"] or "", match["body"]))
+        prose = FENCE.sub(lambda m: "\n" * m[0].count("\n"), text)  # inline commands outside the blocks
+        for match in INLINE.finditer(prose):
+            command = " ".join(match[1].split())  # a span may wrap across lines
+            if "..." in command or "DIR" in command or FLAG_NAMED.fullmatch(command):
+                continue
+            needs_run = "run/" in command and "--emit" not in command
+            found.append((f"{name}:{prose[:match.start()].count(chr(10)) + 1}:inline", "bash",
+                          "run-folder" if needs_run else "", command))
+    return found
+
+
+BLOCKS = _blocks()
+
+
+def _write_exe(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+PIP = """#!{python}
+import re, sys, tomllib
+extras = tomllib.load(open({pyproject!r}, "rb"))["project"]["optional-dependencies"]
+for arg in sys.argv[1:]:
+    match = re.fullmatch(r"\\.\\[(.*)\\]", arg)
+    for extra in (match[1].split(",") if match else []):
+        if extra not in extras:
+            sys.exit(f"pip stand-in: trainplan has no extra {{extra!r}}; it has {{', '.join(sorted(extras))}}")
+"""
+ACCELERATE = """#!{python}
+import importlib.util, os, sys
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+assert sys.argv[1] == "launch", sys.argv
+args, _, _ = _validate_launch_command(launch_command_parser().parse_args(sys.argv[2:]))
+found = importlib.util.find_spec(args.training_script) if args.module else os.path.isfile(args.training_script)
+if not found:
+    sys.exit(f"accelerate stand-in: no training script {{args.training_script}} (from {{os.getcwd()}})")
+if os.environ.get("SLURM_NODEID") not in (None, "0"):
+    sys.exit(0)
+print("accelerate stand-in: would launch", args.training_script, args.num_processes, "processes")
+"""
+SBATCH = """#!/usr/bin/env bash
+set -euo pipefail
+script="$1"; shift
+spool="$(mktemp -d)"; cp "$script" "$spool/slurm_script"
+export STUB_SUBMITTED="$(cd "$(dirname "$script")" && pwd)/$(basename "$script")"
+export SLURM_JOB_ID=4242 SLURM_SUBMIT_DIR="$PWD" SLURM_JOB_NODELIST="node-[1-9]"
+export SLURM_NNODES="$(sed -n 's/^#SBATCH --nodes=//p' "$script")"
+exec bash "$spool/slurm_script" "$@"
+"""
+SCONTROL = """#!/usr/bin/env bash
+case "$1 $2" in
+  "show hostnames") for ((i = 1; i <= SLURM_NNODES; i++)); do echo "node-$i"; done ;;
+  "show job") echo "JobId=$3 JobName=train"; echo "   Command=$STUB_SUBMITTED"; echo "   WorkDir=$SLURM_SUBMIT_DIR" ;;
+  *) exit 1 ;;
+esac
+"""
+SRUN = """#!/usr/bin/env bash
+while [[ "$1" == --* ]]; do shift; done
+for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@"; done
+"""
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> dict:
+    """The folder the blocks run in (each in a fresh copy of `files`) and their environment."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    root = tmp_path_factory.mktemp("docs")
+    stubs, hub, files = root / "bin", root / "hf" / "hub", root / "files"
+    for folder in (stubs, hub, files):
+        folder.mkdir(parents=True)
+    python = sys.executable
+    for name, text in (("pip", PIP), ("accelerate", ACCELERATE), ("sbatch", SBATCH), ("scontrol", SCONTROL),
+                       ("srun", SRUN)):
+        _write_exe(stubs / name, text.format(python=python, pyproject=str(ROOT / "pyproject.toml")))
+    for repo in CACHED_MODELS:  # as a download of the model leaves it: its config.json and tokenizer
+        snapshot = hub_snapshot(hub, repo)
+        chat_tokenizer(snapshot)
+        (snapshot / "config.json").write_text(json.dumps((find_preset(repo) or find_variant(repo)).config))
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512)).save_pretrained(
+        hub_snapshot(hub, "openai-community/gpt2"))
+    (files / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in chats()))
+    tiny_llama(files / "tiny-llama")
+    made = root / "made"
+    shutil.copytree(files, made)
+    env = _env(root, stubs)
+    done = _run(["bash", "-c", RUN_FOLDER], made, env)
+    assert done.returncode == 0, done.stderr
+    return {"root": root, "files": files, "env": env, "run": made / "run"}
+
+
+def _env(root: Path, stubs: Path) -> dict:
+    python = sys.executable
+    return {**os.environ, "PATH": f"{stubs}{os.pathsep}{Path(python).parent}{os.pathsep}{os.environ['PATH']}",
+            "HF_HOME": str(root / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+            "TRAINPLAN_CACHE": str(root / "cache")}
+
+
+def _run(command: list[str], cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # noqa: S603
+
+
+def test_every_block_is_found():
+    """The extraction itself: the README's two commands, its library block and the docs' scripts are among them."""
+    ids = {block[0].split(":")[0] for block in BLOCKS}
+    assert {"README.md", "docs/library.md", "docs/fine-tuning.md", "docs/report.md"} <= ids
+    assert sum(lang == "python" for _, lang, _, _ in BLOCKS) >= 4
+    assert any("pip install -e ." in text for _, _, _, text in BLOCKS)
+    assert RUN_FOLDER in " ".join((ROOT / "docs" / "library.md").read_text().split())  # the text says what ran
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("block", BLOCKS, ids=[b[0] for b in BLOCKS])
+def test_block_runs_as_written(block, sandbox, tmp_path):
+    name, lang, mark, text = block
+    cwd = tmp_path / "work"
+    shutil.copytree(sandbox["files"], cwd, symlinks=True)
+    if mark == "run-folder":
+        shutil.copytree(sandbox["run"], cwd / "run")
+    source = cwd / ("block.py" if lang == "python" else "block.sh")
+    source.write_text(text)
+    check = [sys.executable, "-m", "py_compile", str(source)] if lang == "python" else ["bash", "-n", str(source)]
+    assert _run(check, cwd, sandbox["env"]).returncode == 0, f"{name} does not parse"
+    if mark == "syntax":  # of its commands, run the installs' extras check and the plans
+        for part in re.split(r"&&|\n", text):
+            if re.match(r"\s*(HF_HUB_OFFLINE=1 )?(plan|pip install) ", part):
+                done = _run(["bash", "-c", part], cwd, sandbox["env"])
+                assert done.returncode == 0, f"{name}: {part.strip()}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        return
+    run = [sys.executable, str(source)] if lang == "python" else ["bash", "-eo", "pipefail", str(source)]
+    done = _run(run, cwd, sandbox["env"])
+    assert done.returncode == 0, \
+        f"{name} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
