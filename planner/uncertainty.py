@@ -163,9 +163,8 @@ def bar_for(kind: str, stratum: Stratum) -> Bar:
     none has."""
     for candidate, pooled in stratum.ladder():
         key = fact_key(kind, candidate)
-        try:
-            found = facts.fact(key)
-        except KeyError:
+        found = facts.find(key)
+        if found is None:
             continue
         value = facts.get(key)
         if value["n"] >= MIN_ROWS:

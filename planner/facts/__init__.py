@@ -113,12 +113,18 @@ def all_facts() -> dict[str, Fact]:
     return found
 
 
-def fact(key: str) -> Fact:
-    """The fact `key` (KeyError naming close matches if there is none). Does not record it: see `get`."""
+def find(key: str) -> Fact | None:
+    """The fact `key`, or None where there is none (a lookup that may miss: no close matches are sought)."""
     found = _packaged().get(key)
     if found is None:
         provider = next((p for prefix, p in _PROVIDERS.items() if key.startswith(prefix)), None)
         found = provider().get(key) if provider else None
+    return found
+
+
+def fact(key: str) -> Fact:
+    """The fact `key` (KeyError naming close matches if there is none). Does not record it: see `get`."""
+    found = find(key)
     if found is None:
         close = difflib.get_close_matches(key, list(all_facts()), n=3, cutoff=0.5)
         raise KeyError(f"no fact {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
@@ -222,5 +228,5 @@ def in_sample_by(keys: Iterable[str], data_file: str, row_id: str | None, source
     return sorted(key for key in set(keys) if names & set(fact(key).fitted_to))
 
 
-__all__ = ["Fact", "all_facts", "cached", "fact", "get", "in_sample_by", "overriding", "record", "recording",
+__all__ = ["Fact", "all_facts", "cached", "fact", "find", "get", "in_sample_by", "overriding", "record", "recording",
            "register", "row_name", "source_key"]
