@@ -222,7 +222,6 @@ def test_the_plan_says_where_its_step_time_goes():
     assert f"step = {accum} micro-steps x" in " ".join(text.split()) and parts["bound"] in text
 
 
-@pytest.mark.long
 def test_explain_says_how_far_plans_like_this_have_been_from_measured_runs():
     result = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--json")
     errors = json.loads(result.stdout)
@@ -297,7 +296,6 @@ def test_a_no_fit_names_a_closest_candidate_only_with_a_computed_peak():
     assert "No configuration fits:" in text and text.count("No configuration") == 1
 
 
-@pytest.mark.long
 def test_a_plan_says_which_packages_it_needs_and_how_to_install_a_missing_one(monkeypatch):
     import planner.planning
 

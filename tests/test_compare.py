@@ -75,7 +75,6 @@ def test_price_alone_is_refused():
     assert result.exit_code == 2 and "--compare-gpus" in result.output
 
 
-@pytest.mark.long
 def test_train_tokens_alone_sizes_the_warmup():
     result = invoke("--model", "gpt2", "--batch", "64", "--gpu", "A100-80GB", "--seq-len", "1024", "--lr", "3e-4",
                     "--lr-batch", "1", "--train-tokens", "6.5536e6", "--json")

@@ -171,7 +171,6 @@ def test_the_effect_is_read_from_the_models_joint_graph_and_cached(tmp_path, mon
         update={"checkpointing": "full"}).compile_saves_activations()  # a checkpointed block saves its input
 
 
-@pytest.mark.long
 def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run():
     from planner.hardware import lookup_gpu
     from planner.hardware.efficiency_data import efficiency
@@ -222,7 +221,6 @@ def test_auto_weighs_compiling_only_with_the_runs_length():
     assert not {"compile", "compiled", "compile-not-weighed"} & {n.kind for n in off.notes}
 
 
-@pytest.mark.long
 def test_compile_on_is_emitted_for_the_trainer_and_accelerate(tmp_path):
     import transformers
     from accelerate.commands.config.config_args import load_config_from_file

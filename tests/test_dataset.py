@@ -381,7 +381,6 @@ def test_input_ids_in_a_csv_and_a_missing_input_ids_column(tmp_path):
                        text_field="input_ids")
 
 
-@pytest.mark.long
 def test_a_plan_with_input_ids_needs_no_tokenizer(tmp_path, monkeypatch):
     """The preset Qwen/Qwen2.5-0.5B resolves offline, its tokenizer is not here: text cannot be planned for, token
     ids can (and the planner does not look for the tokenizer)."""

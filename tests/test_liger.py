@@ -714,7 +714,6 @@ def test_on_plans_and_emits_it_and_says_what_to_install(tmp_path):
     assert args["liger_kernel_config"] == {"fused_linear_cross_entropy": False}  # the FLCE patch breaks such heads
 
 
-@pytest.mark.long
 def test_auto_weighs_it_only_where_installed(monkeypatch):
     from planner import plan
 

@@ -89,7 +89,6 @@ TINY = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediat
 @settings(max_examples=15, deadline=None)
 @given(mb=st.integers(1, 6), seq=st.sampled_from([32, 64, 128]), ckpt=st.sampled_from(CKPT_ORDER),
        precision=st.sampled_from(["fp32", "bf16-mixed"]))
-@pytest.mark.long
 def test_traced_activations_move_the_right_way(mb, seq, ckpt, precision):
     def act(**over):
         args = dict(micro_batch=mb, seq_len=seq, checkpointing=ckpt, precision=precision, device="cpu")

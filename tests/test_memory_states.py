@@ -219,7 +219,6 @@ print(json.dumps({"frozen": sum(p.ds_numel for p in frozen),
 '''
 
 
-@pytest.mark.long
 def test_offloaded_frozen_parameters_cost_the_host_their_16_bit_partition():
     """ZeRO-3 with parameter offload: the trainable part of the host memory is DeepSpeed's own estimator's, and each
     frozen parameter adds what a real DeepSpeed ZeRO-3 run keeps of it in host memory (its partition, `ds_tensor`,

@@ -93,7 +93,6 @@ def test_dataset_flags_are_checked(model_dir, data):
     assert err.value.flag == "--seq-len"
 
 
-@pytest.mark.long
 def test_packing_trains_about_the_batch_in_samples(model_dir, data):
     """--batch counts samples, packed or not: a packed row of 1,024 tokens holds 1024 x (1 - waste) / 78 of these
     samples (78,000 tokens in 1,000 samples, wrapped into 77 rows), so 64 samples are about 5 rows."""

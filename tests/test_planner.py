@@ -166,7 +166,6 @@ def test_bloom_560m_on_t4_needs_fp16_small_micro_batches_and_accumulation():
         plan("bigscience/bloom-560m", 256, gpu="T4-16GB", precision="bf16-mixed")
 
 
-@pytest.mark.long
 def test_bert_large_512_batch_32_fits_on_a100_with_mixed_precision():
     p = plan("google-bert/bert-large-uncased", 32, gpu=A100, seq_len=512)
     assert p.choice.fits and p.choice.config.precision in ("bf16-mixed", "fp16-mixed")
@@ -241,7 +240,6 @@ def test_a_simpler_candidate_within_the_speed_tie_goes_first():
     assert [c.verdict.problem for c in rank([fewer, accumulated])] == ["accumulated", "fewer"]
 
 
-@pytest.mark.long
 def test_without_lr_no_learning_rate_or_warmup_is_written():
     """A plan with no --lr once wrote 2262 warmup steps (27 days at that plan's step time)."""
     from planner.export import training_args
@@ -252,7 +250,6 @@ def test_without_lr_no_learning_rate_or_warmup_is_written():
     assert note_of(p, "no-lr")["scaling"] == "sqrt"
 
 
-@pytest.mark.long
 def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu():
     a100 = plan("bigscience/bloom-560m", 256, gpu=A100, lr=2e-4, lr_batch=32)
     t4 = plan("bigscience/bloom-560m", 256, gpu="T4-16GB", lr=2e-4, lr_batch=32, host_memory=int(64e9))
@@ -263,7 +260,6 @@ def test_with_lr_batch_the_learning_rate_does_not_move_with_the_split_or_the_gpu
     assert err.value.flag == "--lr-batch" and "--lr-batch 256 keeps it as given" in err.value.hint
 
 
-@pytest.mark.long
 def test_offload_is_checked_against_the_host_ram_of_the_gpus_usual_system_or_the_one_given():
     """bloom-560m on a T4: offload needs 12.5 GiB of host RAM, more than a Colab VM's 12.7 GB (assumed: the T4's
     usual system) or the 12.7 GB given; with 64 GB given it is the fastest plan, and the plan says where RAM came
@@ -318,7 +314,6 @@ def test_llama_70b_on_a_t4_names_the_offload_miss_and_the_sequence_that_fits():
     assert fits.choice.fits and fits.choice.memory.exact
 
 
-@pytest.mark.long
 def test_moe_under_zero3_says_what_prepare_does_for_it():
     p = plan("mistralai/Mixtral-8x7B-v0.1", 64, gpu=A100, gpus_per_node=8, seq_len=2048, zero_stage=3)
     assert note_of(p, "moe-zero3").values == {"experts_per_token": 2, "experts": 8}
@@ -336,7 +331,6 @@ def test_warmup_is_sized_to_the_run_and_written_only_when_its_length_is_known():
     assert scale_lr(0.1, 8192, 256, "linear", "sgd").warmup_steps == 0
 
 
-@pytest.mark.long
 def test_run_length_is_given_once_and_converted_from_tokens():
     p = plan("gpt2", 64, gpu="A100-80GB", seq_len=1024, lr=1e-3, lr_batch=1, train_tokens=64 * 1024 * 400)
     assert p.lr.run_steps == 400 and p.lr.warmup_steps == 20

@@ -36,7 +36,6 @@ def _context(tiny_dir, draft):
     return ProbeContext(resolve_model(tiny_dir), 32, "adamw", "sdpa", A100, draft)
 
 
-@pytest.mark.long
 def test_probe_runs_the_training_script_under_the_candidates_files(tiny_dir):
     draft = plan(tiny_dir, 8, gpu=A100, seq_len=32, zero_stage=0, micro_batch=2)
     result = Prober(device="cpu", use_cache=False)(_context(tiny_dir, draft), draft.choice.config)
@@ -70,7 +69,6 @@ def test_hang_times_out_and_its_process_group_is_killed(tiny_dir):
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.long
 def test_second_plan_runs_no_probe(tiny_dir, monkeypatch):
     kw = dict(gpu=A100, seq_len=32, zero_stage=0, checkpointing="none", precision="bf16-mixed")
     first = plan(tiny_dir, 16, measure=Prober(device="cpu"), probe_budget_s=300, **kw)
@@ -95,7 +93,6 @@ def test_deepspeed_candidate_is_probed_through_deepspeed(tiny_dir):
     assert result.step_time_s > 0 and result.peak_allocated > 0
 
 
-@pytest.mark.long
 def test_candidate_wider_than_the_node_is_measured_with_the_ranks_there_plus_the_model(tiny_dir):
     """A DDP candidate on 8 GPUs, probed where 2 processes run: its peak is the measured rank plus the modelled
     difference between 8-way and 2-way (labelled probe+model)."""
@@ -205,7 +202,6 @@ def test_probe_on_the_gpu(tiny_dir):
     assert result.status == "ok" and result.peak_reserved >= result.peak_allocated > 0
 
 
-@pytest.mark.long
 def test_bloom_probes_with_its_own_attention(tmp_path):
     """BLOOM has no SDPA: the probe runs it eager, as the plan and the emitted files do (it used to error)."""
     transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=300,

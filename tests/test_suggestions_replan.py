@@ -40,7 +40,6 @@ def test_every_suggestion_re_planned_fits(name):
         assert suggestion_text(lv).endswith(")."), suggestion_text(lv)
 
 
-@pytest.mark.long
 def test_a_consumer_card_is_offered_consumer_cards_first_and_adapters_before_hundreds_of_gpus():
     _, levers = _levers(REQUESTS["70b-on-a-4090"])
     kinds = [lv.kind for lv in levers]

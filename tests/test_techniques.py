@@ -31,7 +31,6 @@ def test_fp32_on_an_a100_says_what_tf32_gains():
     assert tf32.choice.throughput.step_time_s <= gain["tf32_step_s"] * (1 + 1e-9)
 
 
-@pytest.mark.long
 def test_tf32_is_a_candidate_of_its_own_and_rejected_where_the_gpu_lacks_it():
     a100 = plan("gpt2", 32, gpu="A100-80GB", seq_len=512)
     assert {"tf32", "fp32"} <= {c.config.precision for c in a100.candidates}
@@ -97,7 +96,6 @@ def test_token_losses_over_accumulated_micro_batches_are_normalised_as_the_train
     assert _accepts_loss_kwargs(resolve_model(config)) is trainer.model_accepts_loss_kwargs is True
 
 
-@pytest.mark.long
 def test_fp16_loss_scaling_is_stated_and_is_what_the_libraries_run(tmp_path):
     import inspect
 
@@ -131,7 +129,6 @@ def test_batchnorm_gets_the_accumulation_warning_with_what_to_do():
     assert "SyncBatchNorm" in text and "LayerNorm" in text
 
 
-@pytest.mark.long
 def test_tensor_parallel_candidates_stand_beside_zero3_for_a_70b_model(tmp_path):
     import yaml
     from accelerate.parallelism_config import ParallelismConfig
@@ -186,7 +183,6 @@ def test_models_without_a_tp_plan_say_why_and_prepare_checks_the_split(tmp_path)
         loaded.prepare(transformers.LlamaForCausalLM(config))
 
 
-@pytest.mark.long
 def test_lamb_is_planned_unsharded_with_warmup_and_built_by_the_script(tmp_path):
     import transformers
 

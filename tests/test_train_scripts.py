@@ -98,7 +98,6 @@ def test_the_shipped_scripts_train_from_a_moved_folder(script, project, tmp_path
     assert state["global_step"] == 2
 
 
-@pytest.mark.long
 def test_a_moved_project_finds_its_model_and_data_relative_to_the_folder(project, tmp_path):
     p = _plan(project)
     emit(p, project / "run")

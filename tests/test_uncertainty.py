@@ -86,7 +86,6 @@ def test_the_margin_covers_95_percent_of_rows_like_it_or_says_why_not(rows_of):
 
 
 @pytest.mark.slow
-@pytest.mark.long
 def test_three_unlike_plans_carry_their_own_bars():
     """bloom-560m on one A100, Llama-3.1-70B on 64 H100s and Llama-3.1-8B QLoRA on a 4090 do not share one bar:
     each is drawn from its own stratum, pooled and saying so, or not measured."""
