@@ -22,7 +22,9 @@ import planner
 WARMUP = 5
 
 
-class _Rows(torch.utils.data.Dataset):
+class Rows(torch.utils.data.Dataset):
+    """`count` rows of `length` token ids, unpadded, labels the inputs."""
+
     def __init__(self, count: int, length: int):
         self.count, self.length = count, length
 
@@ -55,7 +57,7 @@ def step_time(p, config, steps: int, receipt: bool) -> float:
         callbacks = [clock] + ([p.callback(out, cache=False)] if receipt else [])
         transformers.logging.set_verbosity_error()
         trainer = transformers.Trainer(model=p.prepare(transformers.LlamaForCausalLM(config)), args=args,
-                                       train_dataset=_Rows(steps * p.choice.config.global_batch, 128),
+                                       train_dataset=Rows(steps * p.choice.config.global_batch, 128),
                                        callbacks=callbacks)
         trainer.train()
     gaps = [b - a for a, b in zip(clock.ends[WARMUP:], clock.ends[WARMUP + 1:])]

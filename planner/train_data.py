@@ -8,6 +8,7 @@ packing is TRL's best-fit-decreasing `pack_dataset` (trl/data_utils.py), as SFTT
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Any
 
@@ -53,4 +54,19 @@ def collator(tokenizer: Any, padding: str | None) -> Any:
     return DataCollatorForLanguageModeling(tokenizer, mlm=False)
 
 
-__all__ = ["collator", "train_rows"]
+def script_arguments(trainer: str, folder: os.PathLike, argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments of the training scripts --emit ships (emit/scripts/): the data, the tokenizer, where to write
+    and how long to train; `trainer` names what trains, `folder` the plan's folder."""
+    parser = argparse.ArgumentParser(description=f"Train the plan in {folder} with {trainer}.")
+    parser.add_argument("--dataset", help="data to train on (default: the plan's --dataset)")
+    parser.add_argument("--text-field", help="the column with each sample's text (default: messages, else text)")
+    parser.add_argument("--tokenizer", help="tokenizer folder or cached hub id (default: the plan's)")
+    parser.add_argument("--output-dir", default=os.path.join(folder, "out"),
+                        help="checkpoints and logs (default: FOLDER/out)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the dataset (default 1)")
+    parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code to run")
+    return parser.parse_args(argv)
+
+
+__all__ = ["collator", "script_arguments", "train_rows"]

@@ -12,6 +12,7 @@ import time
 from transformers import TrainerCallback
 
 from planner.program.tracker import LiveStorageTracker
+from planner.receipts import process_memory
 from planner.types import Measurement
 from planner.vocab import ERROR, OK, OOM
 
@@ -106,25 +107,6 @@ class StepMeter(TrainerCallback):
                            micro_step_s=micro, optimizer_step_s=optim, step_time_s=step,
                            tokens_per_s=tokens_per_step / step, processes=processes, engine=engine,
                            micro_batch=micro_batch, grad_accum=grad_accum, losses=tuple(self.losses), seconds=wall_s)
-
-
-def process_memory() -> int:
-    """Device memory the driver counts for this process (what nvidia-smi lists: the CUDA context plus every
-    segment the caching allocator holds, which it keeps after the peak), or 0 where NVML cannot say."""
-    import os
-
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        for index in range(pynvml.nvmlDeviceGetCount()):  # NVML numbers devices regardless of CUDA_VISIBLE_DEVICES
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid == os.getpid() and proc.usedGpuMemory:
-                    return int(proc.usedGpuMemory)
-    except Exception:  # noqa: BLE001 - NVML missing or refusing (containers): the figure is unknown
-        return 0
-    return 0
 
 
 def profile_summary(prof, steps: int, top: int = 60) -> dict:

@@ -19,6 +19,7 @@ import pytest
 from planner import dataset as ds
 from planner.dataset import DatasetLengths
 from planner.errors import InputError
+from tests.tiny import chat_tokenizer
 
 WORDS = [f"w{i}" for i in range(10)] + ["hello", "world", "user", "assistant", ":", ","]
 CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{{ eos_token }}"
@@ -36,19 +37,7 @@ random.Random(1).shuffle(SKEWED_ROWS)  # the long rows anywhere in the file, not
 
 
 def build_tokenizer(folder, chat_template=CHAT_TEMPLATE):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(["[UNK]", "[PAD]", "<s>", "</s>", *WORDS])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
-                                                           special_tokens=[("<s>", 2), ("</s>", 3)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
-                                        bos_token="<s>", eos_token="</s>")
-    tokenizer.chat_template = chat_template
-    tokenizer.save_pretrained(folder)
-    return tokenizer
+    return chat_tokenizer(folder, WORDS, chat_template)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import logging
 import time
 
 import pytest
-import torch
 import transformers
 
 import planner
+from benchmarks.receipt_overhead import Rows
 from planner import receipts
 from planner.cache import cache_dir
 
@@ -21,18 +21,6 @@ GiB = 2**30
 def _tiny_llama():
     return transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                     num_key_value_heads=2, vocab_size=300, architectures=["LlamaForCausalLM"])
-
-
-class _Rows(torch.utils.data.Dataset):
-    def __init__(self, count: int, length: int):
-        self.count, self.length = count, length
-
-    def __len__(self):
-        return self.count
-
-    def __getitem__(self, i):
-        ids = torch.arange(self.length) % 300
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
 
 def _vm_hwm() -> int:
@@ -55,7 +43,7 @@ def test_a_trainer_run_with_the_callback_writes_its_receipt(tmp_path, cache):
                                 save_strategy="no", include_num_input_tokens_seen="non_padding", disable_tqdm=True)
     callback = p.callback(tmp_path / "run", warmup=2)
     trainer = transformers.Trainer(model=p.prepare(transformers.LlamaForCausalLM(_tiny_llama())), args=args,
-                                   train_dataset=_Rows(64, 32), callbacks=[callback])
+                                   train_dataset=Rows(64, 32), callbacks=[callback])
     trainer.train()
     instrument = _vm_hwm()
     receipt = json.loads((tmp_path / "run" / "receipt.json").read_text())

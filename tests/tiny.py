@@ -10,18 +10,19 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} 
 WORDS = ["user", "assistant", "system", *[f"w{i}" for i in range(10)]]
 
 
-def chat_tokenizer(folder: Path):
+def chat_tokenizer(folder: Path, words: list[str] = WORDS, chat_template: str | None = CHAT_TEMPLATE):
+    """A word-level tokenizer over `words` with `chat_template`, saved into `folder`."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(["[UNK]", "[PAD]", "<s>", "</s>", *WORDS])}
+    vocab = {token: i for i, token in enumerate(["[UNK]", "[PAD]", "<s>", "</s>", *words])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
                                                            special_tokens=[("<s>", 2), ("</s>", 3)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
                                         bos_token="<s>", eos_token="</s>")
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(folder)
     return tokenizer
 

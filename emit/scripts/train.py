@@ -10,30 +10,18 @@ After the warm-up the run's measurements are written beside the plan's predictio
 folder (plan.callback(), docs/receipts.md).
 """
 
-import argparse
 from pathlib import Path
 
 from transformers import Trainer
 
 from planner import load_plan
+from planner.train_data import script_arguments
 
 HERE = Path(__file__).resolve().parent
 
 
-def arguments(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train the plan in " + str(HERE) + " with the Trainer.")
-    parser.add_argument("--dataset", help="data to train on (default: the plan's --dataset)")
-    parser.add_argument("--text-field", help="the column with each sample's text (default: messages, else text)")
-    parser.add_argument("--tokenizer", help="tokenizer folder or cached hub id (default: the plan's)")
-    parser.add_argument("--output-dir", default=str(HERE / "out"), help="checkpoints and logs (default: FOLDER/out)")
-    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the dataset (default 1)")
-    parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code to run")
-    return parser.parse_args(argv)
-
-
 def main(argv=None) -> None:
-    args = arguments(argv)
+    args = script_arguments("the Trainer", HERE, argv)
     plan = load_plan(HERE)
     tokenizer = plan.tokenizer(args.tokenizer)
     # the arguments before the model: under ZeRO-3 they make DeepSpeed partition the weights as they load
