@@ -50,7 +50,7 @@ STACK = ("`planner.plan` pinned to each measured configuration (as gpu_validatio
          "transformers 5.23, driver 580), 3 micro-steps after warm-up")
 CANNOT_SHOW = ("other GPUs or several GPUs, long runs (a few steps: no fragmentation over hours), real data "
                "(synthetic full-length batches), models beyond GPT-2, BLOOM-560m, Llama-3.2-1B and BERT-large; "
-               "out-of-sample accuracy where a fact fitted to these rows is read")
+               "accuracy without fitted facts where a fact fitted to these rows is read")
 
 
 def row_id(row: dict) -> str:
@@ -136,7 +136,7 @@ def main() -> int:
         written[kind] = rows
     for kind, rows in written.items():
         for label, part in (("all", rows), ("in-sample", [r for r in rows if r.in_sample]),
-                            ("out-of-sample", [r for r in rows if not r.in_sample])):
+                            ("no fitted fact", [r for r in rows if not r.in_sample])):
             s = evidence.summary(part)
             if s["rows"]:
                 print(f"{kind} [{label}]: {s['rows']} rows, median |error| {s['median_abs']:.1%}, worst "

@@ -499,7 +499,7 @@ def _by_program(rows: list[evidence.Row]) -> str:
 
 
 def _print_summary(name: str, rows: list[evidence.Row]) -> None:
-    for label, part in (("all", rows), ("out-of-sample", [r for r in rows if not r.in_sample]),
+    for label, part in (("all", rows), ("no fitted fact", [r for r in rows if not r.in_sample]),
                         ("in-sample", [r for r in rows if r.in_sample])):
         s = evidence.summary(part)
         if s["rows"]:

@@ -1,7 +1,7 @@
 """How well the shipped speed model (planner/speed/ on the traced op profile) reproduces published training step
 times, and which of them it could have been fitted to: every row is predicted through `benchmarks.evidence`
 (`predicted_row`), so the row carries the facts its prediction used and `planner.facts.in_sample_by` decides whether
-any of them was fitted to the row or its source. Nothing here says "out-of-sample" that a count did not compute.
+any of them was fitted to the row or its source. Nothing here says "no fitted fact" that a count did not compute.
 
 Two sets of published rows, both in benchmarks/data with each row's source:
 - hf_throughput.json: Hugging Face model code (transformers docs, HF blog posts, stas00's ml-engineering runs, ...),
@@ -24,7 +24,7 @@ first-principles value takes it (`facts.overriding`), an efficiency.json figure 
 (the attention rate of the GPU of nearest compute capability, not above, whose figure nothing from that source was
 fitted to), and a fact with neither is dropped: a row is predicted with it at 1e-3 and 1e3 times its value, and has
 no prediction in that fold unless the two agree (the fact is read but does not enter it). The fold's errors are the
-honest out-of-sample figure for the rows the full model has in-sample.
+honest figure without fitted facts for the rows the full model has in-sample.
 
 Rank agreement is counted only inside groups where the order is not implied by size: rows of one source, model, GPU,
 GPU count and sequence length (and the same optimizer-step coverage), which differ in micro-batch, accumulation,
@@ -754,14 +754,14 @@ def line(label: str, rows: list[evidence.Row], width: int = 34) -> str:
 
 def sample_lines(rows: list[evidence.Row], loso: Mapping[str, evidence.Row | None],
                  folds: dict[str, Fold]) -> list[str]:
-    """The headline lines, every label from counts: out-of-sample (no fitted fact used), in-sample, and the
+    """The headline lines, every label from counts: no fitted fact used, in-sample, and the
     leave-one-source-out view (every row predicted without any fact fitted to its source)."""
     out_rows = [r for r in rows if not r.in_sample]
     in_rows = [r for r in rows if r.in_sample]
     judged = [loso[r.id] for r in rows if loso.get(r.id) is not None]
     honest = [r for r in judged if not r.in_sample]
     refolded = sorted({facts.source_key(r.source) for r in in_rows} & set(folds))
-    lines = [line(f"out-of-sample: {len(out_rows)} of {len(rows)} rows", out_rows),
+    lines = [line(f"no fitted fact: {len(out_rows)} of {len(rows)} rows", out_rows),
              line(f"in-sample: {len(in_rows)} of {len(rows)} rows", in_rows)]
     by_fact = Counter(key for r in in_rows for key in r.in_sample_by)
     if by_fact:
@@ -916,7 +916,7 @@ def loso_text(cases: list[Case], rows: dict[str, evidence.Row], loso: Mapping[st
     if not folded:
         return head + "have a prediction."
     return head + (f"miss by median {s['median_abs']:.1%} (worst {s['worst_abs']:.1%}, bias {s['bias']:+.1%}), the "
-                   "honest out-of-sample figure for those rows.")
+                   "honest figure without fitted facts for those rows.")
 
 
 def main() -> None:

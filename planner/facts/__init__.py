@@ -221,7 +221,7 @@ def row_name(data_file: str, row_id: str) -> str:
 
 def in_sample_by(keys: Iterable[str], data_file: str, row_id: str | None, source: str | None) -> list[str]:
     """The facts among `keys` (as `recording` collected them) fitted to this benchmark row: to the row itself, to
-    every row of its file, or to its source (`source_key`); sorted. Empty: the prediction is out-of-sample."""
+    every row of its file, or to its source (`source_key`); sorted. Empty: no fact it used was fitted to it (which makes a row first-look only if scored before anyone looked)."""
     names = {row_name(data_file, "*")}
     names |= {row_name(data_file, row_id)} if row_id is not None else set()
     names |= {source_key(source)} if source else set()
