@@ -125,7 +125,7 @@ def _few_tiles(shape) -> bool:
     return math.ceil(m / 128) * math.ceil(n / 128) < efficiency("H100-80GB").sm_count
 
 
-def test_the_lent_sweep_is_out_of_sample_for_the_gemm_model():
+def test_no_fact_the_gemm_model_reads_was_fitted_to_the_lent_sweep():
     """The constants under test were read, none of what was read was fitted to the sweep, and it holds shapes of both
     kinds the tests below split it into."""
     points, used = _lent_sweep()
