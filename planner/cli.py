@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import math
 import os
 import shlex
@@ -73,6 +74,8 @@ class RunOptions(BaseModel):
 
 
 _FORMS = (PlanRequest, RunOptions)
+#: library loggers whose import-time warnings are not about the plan (torchao's CUDA-only extensions on a CPU box)
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 def _base(annotation):
@@ -127,6 +130,8 @@ def _parameters() -> list[inspect.Parameter]:
 def main_command(ctx: typer.Context, **values) -> None:
     """Plan micro-batch, accumulation, precision, checkpointing, ZeRO and offload that fit and run fastest."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in QUIET_LOGGERS:  # transformers imports torchao where it is installed; its import warns on a CPU box
+        logging.getLogger(name).setLevel(logging.ERROR)
     run = RunOptions.model_construct(as_json=values.get("as_json", False))  # how to report an error in the options
     try:
         values = _typed(PlanRequest, _typed(RunOptions, values))

@@ -96,6 +96,16 @@ class Config(BaseModel):
                     "dp_shard_size = the GPUs)")
         if self.zero_stage and not PRECISION[self.precision].zero_engines:
             return f"{self.precision} runs on the torch engine only (ZeRO engines keep fp32 master weights)"
+        return self._float8_problem()
+
+    def _float8_problem(self) -> str | None:
+        if not PRECISION[self.precision].float8:
+            return None
+        if self.engine == DEEPSPEED:  # accelerate/accelerator.py:599-601: DeepSpeed's state is always bf16
+            return "fp8 runs through accelerate's AO backend on DDP or FSDP2; under DeepSpeed accelerate trains in bf16"
+        if self.tensor_parallel > 1:
+            return ("fp8 is not planned with tensor parallelism: torchao's float8 TP needs its own parallel styles "
+                    "(torchao/float8/float8_tensor_parallel.py), which transformers' tp_plan does not apply")
         return None
 
     def optimizer_problem(self, optimizer: str) -> str | None:
@@ -119,6 +129,9 @@ class Config(BaseModel):
     def adapter_problem(self, adapter: str) -> str | None:
         """Why this configuration cannot train `adapter` (`vocab.ADAPTER`), or None."""
         info = ADAPTER[adapter]
+        if info.trains_adapters and PRECISION[self.precision].float8:
+            return ("fp8 is planned for full training: with adapters the frozen base's linears are peft-wrapped, and "
+                    "no published float8 measurement covers them")
         if info.quantized_base and self.half_dtype() is None:
             return "QLoRA computes in 16 bits (bnb_4bit_compute_dtype): use fp16-mixed, bf16-mixed or bf16-true"
         if info.quantized_base and self.sharded:
@@ -192,7 +205,8 @@ class Config(BaseModel):
         """The precision with fp16 and bf16 autocast as one ("mixed"): they have the same bytes and speed (on the
         lent H100, BLOOM-560m's fp16-mixed and bf16-mixed steps measured within 3 % of each other,
         benchmarks/data/gpu_measured_h100.json)."""
-        return "mixed" if PRECISION[self.precision].autocast else self.precision
+        info = PRECISION[self.precision]
+        return "mixed" if info.autocast and not info.float8 else self.precision
 
     def family(self) -> tuple:
         """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one

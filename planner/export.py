@@ -133,7 +133,16 @@ def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", main_proc
                    mixed_precision=PRECISION[cfg.precision].accelerate)
     if cfg.compiled:  # accelerate/commands/launch.py reads dynamo_config's keys as its --dynamo_* flags
         out["dynamo_config"] = {"dynamo_backend": INDUCTOR.upper()}
+    if PRECISION[cfg.precision].float8:
+        out["fp8_config"] = float8_config(cfg)
     return out
+
+
+def float8_config(cfg: Config) -> dict:
+    """accelerate's fp8_config for torchao (launch.py:1272-1273 prefixes each key with fp8_, utils/launch.py:82-97
+    exports them as ACCELERATE_FP8_*): the AO backend, torchao's float8 all-gather under FSDP2 (accelerate's default
+    with AORecipeKwargs, utils/dataclasses.py:336-356), inner dimensions padded to 16 for torch._scaled_mm."""
+    return {"backend": "AO", "enable_fsdp_float8_all_gather": cfg.engine == FSDP, "pad_inner_dim": True}
 
 
 def _fsdp(cfg: Config, layer_class: str) -> dict:
@@ -149,7 +158,8 @@ def _fsdp(cfg: Config, layer_class: str) -> dict:
         "fsdp_reshard_after_forward": cfg.zero_stage == 3,
         "fsdp_offload_params": OFFLOAD[cfg.offload].params_on_cpu,
         "fsdp_activation_checkpointing": ckpt.enabled and not ckpt.per_op_policy,
-        "fsdp_cpu_ram_efficient_loading": True,
+        # accelerate refuses its AO float8 backend with FSDP2's RAM-efficient loading (accelerator.py:518-527)
+        "fsdp_cpu_ram_efficient_loading": not PRECISION[cfg.precision].float8,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
     }
 

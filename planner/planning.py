@@ -27,6 +27,7 @@ from planner.memory.estimate import Evaluation
 from planner.models import ResolvedModel, resolve_model
 from planner.models.build import effective_attention, model_class, samples_kept_apart
 from planner.notes import Note, Verdict, note
+from planner.program.float8 import Float8Linears, torchao_missing
 from planner.program.liger import applies, patches_for
 from planner.receipts import read_receipts
 from planner.refine import DEFAULT_PROBE_BUDGET_S, receipt_speeds, refine_with_measurements, retimed
@@ -41,9 +42,9 @@ from planner.types import (
     Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, Requirement,
 )
 from planner.vocab import (
-    ADAPTER, ATTENTION, AUTO, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_PRECISION, ENGINE, FP32, FULL,
-    GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE, PRECISION, TASK,
-    TF32, TOKEN_LABELS, TOKEN_TARGETS,
+    ADAPTER, ATTENTION, AUTO, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_PRECISION, ENGINE,
+    FP32, FULL, GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE,
+    PRECISION, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 
@@ -265,7 +266,7 @@ def search_space(job: Job) -> SearchSpace:
     offloads = tuple(OFFLOAD) if request.offload == AUTO else (request.offload,)
     return SearchSpace(
         global_batch=batch, world_size=world, gpus_per_node=hardware.gpus_per_node,
-        precisions=_precisions(request.precision, job.gpu, request.attention),
+        precisions=_precisions(request.precision, job.gpu, request.attention, job.spec),
         checkpointing=tuple(CHECKPOINTING) if request.checkpointing is None else (request.checkpointing,),
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
         micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer, packed_rows=job.packed_rows,
@@ -320,10 +321,18 @@ def _zero_stages(value: int | None, world: int, offloads: tuple[str, ...], engin
     return (value,)
 
 
-def _precisions(precision: str, gpu, attention: str) -> tuple[str, ...]:
-    """The precisions to search: those `auto` may choose that the GPU can run, else the one asked for, if the GPU
-    can run it (with the attention implementation asked for)."""
-    wanted = [p for p, info in PRECISION.items() if info.in_auto] if precision == AUTO else [precision]
+def _precisions(precision: str, gpu, attention: str, spec) -> tuple[str, ...]:
+    """The precisions to search: those `auto` may choose that the GPU can run (float8 only where torchao is installed
+    here and converts some of the model's layers), else the one asked for, if the GPU can run it (with the attention
+    implementation asked for)."""
+    converted = Float8Linears.of(spec).converted_layers
+    wanted = [p for p, info in PRECISION.items() if info.in_auto and not (info.float8 and (torchao_missing() or
+                                                                                            not converted))] \
+        if precision == AUTO else [precision]
+    if PRECISION[wanted[0]].float8 and not converted:
+        raise InputError(f"accelerate's float8 filter converts none of {spec.name}'s layers: torchao swaps nn.Linear "
+                         "layers whose dimensions divide by 16, not the first or the last", flag="--precision",
+                         hint="Use bf16-mixed.")
     problems = {p: gpu.cannot_run(p, attention) for p in wanted}
     usable = tuple(p for p in wanted if not problems[p])
     if not usable:
@@ -385,7 +394,7 @@ def hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate
         return []
     return [Candidate(config=first.config.model_copy(update={"precision": p}), memory=None, throughput=None,
                       verdict=Verdict(kind="hardware", problem=problem))
-            for p, info in PRECISION.items() if info.in_auto and (problem := gpu.cannot_run(p))]
+            for p, info in PRECISION.items() if info.in_auto and not info.packages and (problem := gpu.cannot_run(p))]
 
 
 def with_receipts(ranked: list[Candidate], speeds: dict) -> list[Candidate]:
@@ -418,6 +427,7 @@ def search_notes(job: Job, ranked: list[Candidate]) -> tuple[Note, ...]:
         notes.append(note("no-bf16", gpu=gpu.name, compute_capability=gpu.compute_capability))
     notes += _tf32_note(job, choice) + _parallelism_notes(job, ranked) + _host_note(hardware, choice)
     notes += _moe_note(job.spec, choice) + _adapter_notes(job) + _qlora_notes(job) + _liger_notes(job, choice)
+    notes += _float8_notes(job, ranked)
     return tuple(notes) + _compile_notes(job, choice)
 
 
@@ -495,6 +505,35 @@ def _liger_notes(job: Job, choice: Candidate) -> list[Note]:
             and applies(config, job.gpu) is not None:
         return [note("liger-available", model_type=patches.model_type, patches=patches.names())]
     return []
+
+
+def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
+    """Where float8 could run on this GPU: what it converts and what it changes against bf16-mixed on the chosen
+    configuration; where it lost, its fastest configuration against the choice (and, eager, what compiling it
+    would give); where `auto` left it out only because torchao is not installed here, that it would apply."""
+    fp8, choice = next(p for p, info in PRECISION.items() if info.float8), ranked[0]
+    if job.request.precision not in (AUTO, fp8) or job.gpu.cannot_run(fp8) or not choice.fits:
+        return []
+    if job.request.precision == AUTO and torchao_missing():
+        return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
+    linears = Float8Linears.of(job.spec)
+    if choice.config.precision == fp8:
+        other = choice.config.model_copy(update={"precision": BF16_MIXED})
+        if other.problem() or choice.throughput is None:
+            return []
+        return [note("fp8", converted=linears.converted_layers, linears=linears.total_layers,
+                     fp8_step_s=choice.throughput.step_time_s, bf16_step_s=job.speed(other).step_time_s,
+                     fp8_peak=choice.memory.peak, bf16_peak=job.evaluator.estimate(other).peak)]
+    lost = [c for c in ranked if c.fits and c.config.precision == fp8 and c.throughput is not None]
+    if not lost:
+        return [note("fp8-not-planned", why=choice.config.model_copy(update={"precision": fp8}).problem()
+                     or choice.config.adapter_problem(job.spec.adapter) or "no fp8 configuration fits")]
+    best = lost[0]
+    compiled = None if best.config.compiled else job.speed(best.config.model_copy(update={"compiled": True}))
+    return [note("fp8-lost", converted=linears.converted_layers, linears=linears.total_layers,
+                 label=best.config.label(), tokens_per_s=best.throughput.useful_tokens_per_s,
+                 chosen_tokens_per_s=choice.throughput.useful_tokens_per_s,
+                 compiled_tokens_per_s=compiled.useful_tokens_per_s if compiled else None)]
 
 
 def _qlora_notes(job: Job) -> list[Note]:
@@ -593,7 +632,7 @@ def requirements_of(result: Plan, adapter: str) -> tuple[Requirement, ...]:
     cfg = result.choice.config
     names = (*ENGINE[cfg.engine].packages, *ADAPTER[adapter].packages, *ATTENTION[result.attention].packages,
              *((OPTIMIZER[result.optimizer].package,) if OPTIMIZER[result.optimizer].package else ()),
-             *(("liger-kernel",) if cfg.liger else ()))
+             *(("liger-kernel",) if cfg.liger else ()), *PRECISION[cfg.precision].packages)
     return tuple(Requirement(package=name, installed=installed(PACKAGE[name].module), install=PACKAGE[name].install)
                  for name in dict.fromkeys(names))
 

@@ -275,7 +275,7 @@ class LoadedPlan:
                     data[key] = str(self.folder / Path(data[key]).expanduser())  # an absolute path stays as it is
         args = _current_names(data) | _current_names(overrides)
         if args.get("use_cpu") or not _cuda():
-            args, self.cpu_changes = cpu_trial(args)
+            args, self.cpu_changes = cpu_trial(args, float8=self.float8)
             for line in self.cpu_changes:
                 log.warning("CPU trial: %s", line)
         return args
@@ -289,13 +289,25 @@ class LoadedPlan:
             raise InputError("plan.sft_config() needs TRL", flag="--dataset", hint="pip install trl") from err
         padding = self.data["choice"].get("padding")
         fields = {"max_length": self.seq_len, "packing": padding == PACKING, "padding_free": padding == PADDING_FREE}
-        return SFTConfig(**(self.training_arguments_dict() | fields | overrides))
+        return self._with_float8(SFTConfig(**(self.training_arguments_dict() | fields | overrides)))
 
     def training_arguments(self, **overrides):
         """A transformers.TrainingArguments built from training_args.json, with `overrides` applied."""
         from transformers import TrainingArguments
 
-        return TrainingArguments(**self.training_arguments_dict(**overrides))
+        return self._with_float8(TrainingArguments(**self.training_arguments_dict(**overrides)))
+
+    @property
+    def float8(self) -> bool:
+        return PRECISION[self.data["choice"]["precision"]].float8
+
+    def _with_float8(self, args):
+        """A float8 plan's arguments with accelerate's fp8 mixed precision, as `accelerate launch` gives it to the
+        Trainer (TrainingArguments has no fp8 flag: it reads ACCELERATE_MIXED_PRECISION, training_args.py:1614-1618,
+        and hands `mixed_precision` to the Accelerator, trainer.py:744); a CPU trial keeps bf16 (`cpu_trial`)."""
+        if self.float8 and not args.use_cpu:
+            args.mixed_precision = PRECISION[self.data["choice"]["precision"]].accelerate
+        return args
 
     def callback(self, folder=None, *, warmup: int = DEFAULT_WARMUP, cache: bool = True):
         """A TrainerCallback writing the run's receipt.json (docs/receipts.md): `Trainer(..., callbacks=
@@ -318,16 +330,19 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def cpu_trial(args: dict) -> tuple[dict, list[str]]:
+def cpu_trial(args: dict, float8: bool = False) -> tuple[dict, list[str]]:
     """TrainingArguments' fields made to run on this machine's CPU, and what was changed, a line each: the CPU device
-    asked for, TF32 and Liger-Kernel off (a CPU has no TF32 cores, and Liger's Triton kernels need a GPU), bf16 off
-    where this CPU cannot run it, bitsandbytes' 8-bit optimizers replaced by torch's AdamW."""
+    asked for, TF32, Liger-Kernel and float8 off (a CPU has no TF32 or FP8 cores, and Liger's Triton kernels need a
+    GPU), bf16 off where this CPU cannot run it, bitsandbytes' 8-bit optimizers replaced by torch's AdamW."""
     from transformers.utils import is_torch_bf16_available_on_device
 
     out, changes = dict(args), []
     if not out.get("use_cpu"):
         out["use_cpu"] = True
         changes.append("the CPU trains (use_cpu): this machine has no CUDA GPU")
+    if float8:
+        out["bf16"] = True
+        changes.append("fp8 off: float8 GEMMs need FP8 tensor cores (bf16 autocast instead)")
     if out.get("tf32"):
         out["tf32"] = None
         changes.append("tf32 off: a CPU has no TF32 cores")

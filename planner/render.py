@@ -559,6 +559,20 @@ NOTE_TEXT = {
     "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
                                   "installed here, so --liger auto did not weigh it: pip install -e \".[liger]\", "
                                   "or --liger on to plan with it."),
+    "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
+                      f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
+                      f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x), "
+                      f"peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
+    "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
+                           f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
+                           f"against {fmt_tokens(v['chosen_tokens_per_s'])}"
+                           + (f"; its float8 casts run unfused in eager mode, and compiled (--compile on, or "
+                              f"--train-steps to let auto weigh it) it would run "
+                              f"{fmt_tokens(v['compiled_tokens_per_s'])} tokens/s." if v["compiled_tokens_per_s"]
+                              else ".")),
+    "fp8-available": lambda v: (f"{v['gpu']} trains in FP8, but torchao is not installed here, so --precision auto "
+                                f"did not weigh it: {v['install']}, or --precision fp8 to plan with it."),
+    "fp8-not-planned": lambda v: f"FP8 was not weighed for this configuration: {v['why']}.",
     "qlora-ddp-only": lambda v: f"Only DDP was planned: {v['problem']}.",
     "qlora-prepare": lambda v: ("QLoRA: load the base with plan.bnb_config() and call plan.prepare(model), which keeps "
                                 "the unquantised weights 16-bit. peft's prepare_model_for_kbit_training (TRL's "

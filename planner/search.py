@@ -65,8 +65,12 @@ def nearest_valid_batches(batch: int, world: int) -> tuple[int, int]:
     return (low if low > 0 else world), low + world
 
 
-def engine_for(zero_stage: int, sharding_engine: str) -> str:
-    return UNSHARDED_ENGINE if zero_stage == 0 else sharding_engine
+def engine_for(zero_stage: int, sharding_engine: str, precision: str | None = None) -> str:
+    """The engine of a stage; float8 shards through FSDP2 whatever --engine says, as tensor parallelism does
+    (accelerate's AO backend with torchao's float8 all-gather; under DeepSpeed accelerate trains in bf16)."""
+    if zero_stage == 0:
+        return UNSHARDED_ENGINE
+    return FSDP if precision is not None and PRECISION[precision].float8 else sharding_engine
 
 
 def enumerate_configs(space: SearchSpace) -> list[Config]:
@@ -86,8 +90,8 @@ def _splits(space: SearchSpace, rows: int) -> list[Config]:
     mbs = [mb for mb in ([space.micro_batch] if space.micro_batch else divisors(per_gpu)) if per_gpu % mb == 0]
     out = []
     for zero in space.zero_stages:
-        engine = engine_for(zero, space.engine)
         for precision in space.precisions:
+            engine = engine_for(zero, space.engine, precision)
             for off in space.offloads:
                 fields = dict(world_size=space.world_size, precision=precision, zero_stage=zero, offload=off,
                               engine=engine)
@@ -114,7 +118,9 @@ def _tensor_parallel_configs(space: SearchSpace, rows: int) -> list[Config]:
             continue
         per_dp = rows // dp
         mbs = [space.micro_batch] if space.micro_batch else divisors(per_dp)
-        for precision in (p for p in space.precisions if PRECISION[p].zero_engines):
+        for precision in (p for p in space.precisions if not Config.problem_of(
+                world_size=space.world_size, precision=p, zero_stage=3, offload=NO_OFFLOAD, engine=FSDP,
+                tensor_parallel=size)):
             configs = [Config(micro_batch=mb, grad_accum=per_dp // mb, world_size=space.world_size, precision=precision,
                               checkpointing=ckpt, zero_stage=3, offload=NO_OFFLOAD, engine=FSDP, tensor_parallel=size)
                        for mb in mbs if per_dp % mb == 0 for ckpt in space.checkpointing]
@@ -125,8 +131,8 @@ def _tensor_parallel_configs(space: SearchSpace, rows: int) -> list[Config]:
 def why_empty(space: SearchSpace) -> str:
     """Why the pins leave no candidate: the first problem a pinned combination has."""
     for zero in space.zero_stages:
-        engine = engine_for(zero, space.engine)
         for precision in space.precisions:
+            engine = engine_for(zero, space.engine, precision)
             for off in space.offloads:
                 try:
                     cfg = Config.of(micro_batch=1, grad_accum=1, world_size=space.world_size, precision=precision,

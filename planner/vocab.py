@@ -26,6 +26,7 @@ PACKAGE: dict[str, PackageInfo] = {
     "bitsandbytes": PackageInfo("bitsandbytes", 'pip install -e ".[bitsandbytes]"'),
     "flash-attn": PackageInfo("flash_attn", "pip install flash-attn --no-build-isolation"),
     "liger-kernel": PackageInfo("liger_kernel", 'pip install -e ".[liger]"'),
+    "torchao": PackageInfo("torchao", 'pip install -e ".[fp8]"'),
 }
 
 
@@ -46,6 +47,10 @@ class PrecisionInfo:
     #: fp32 matmuls run on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32, the Trainer's `tf32`; torch's
     #: default is off since 1.12, torch/backends/cuda/__init__.py): the GPU needs TF32 (compute capability >= 8.0)
     tf32: bool = False
+    #: accelerate's AO backend swaps the eligible nn.Linear layers for torchao's Float8Linear (tensorwise scaling):
+    #: their GEMMs run on FP8 tensor cores, everything else as under bf16 autocast (`planner.speed.float8`)
+    float8: bool = False
+    packages: tuple[str, ...] = ()   # what it needs installed (`PACKAGE`)
 
 
 PRECISION: dict[str, PrecisionInfo] = {
@@ -61,15 +66,24 @@ PRECISION: dict[str, PrecisionInfo] = {
     "bf16-true": PrecisionInfo("bf16 weights, gradients and optimizer states, no autocast and no fp32 master "
                                "copy (torchtune-style pure bf16); torch engine only; chosen only on request",
                                2, "bf16", None, 2, False, False, True, False, None, "no", False),
+    # No Trainer flag: TrainingArguments(bf16=True) would overwrite accelerate's ACCELERATE_MIXED_PRECISION=fp8
+    # (transformers/training_args.py:1614-1618); the script sets `mixed_precision` instead (planner/prepare.py).
+    "fp8": PrecisionInfo("bf16-mixed, with the linear layers' GEMMs in float8 (torchao's Float8Linear, tensorwise "
+                         "dynamic scaling, through accelerate's AO backend; the first and last linear stay bf16); "
+                         "FP8 tensor cores (compute capability >= 8.9)", 4, "bf16", "bfloat16", 2, True, False,
+                         True, True, None, "fp8", True, float8=True, packages=("torchao",)),
 }
 Precision = Literal[tuple(PRECISION)]  # type: ignore[valid-type]
 FP32, TF32 = "fp32", "tf32"
 #: The dtypes matmuls compute in (`PrecisionInfo.compute`), naming the catalog's peaks (`peak_tflops_<dtype>`) and
 #: efficiency.json's achievable fractions.
 COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+#: The dtype float8 GEMMs run in (the catalog's `peak_tflops_fp8`, efficiency.json's `matmul.fp8`).
+FP8_COMPUTE = "fp8"
 FP32_COMPUTE = COMPUTE_DTYPES[-1]
+BF16_COMPUTE = COMPUTE_DTYPES[0]
 #: `estimate_memory`'s default (the design contract's example)
-DEFAULT_PRECISION = "bf16-mixed"
+DEFAULT_PRECISION = BF16_MIXED = "bf16-mixed"
 #: The precision request that lets the planner choose.
 AUTO = "auto"
 #: transformers' `from_pretrained(tp_plan=...)` value that applies the model's own tensor-parallel plan

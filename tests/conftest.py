@@ -33,3 +33,11 @@ def liger_treated_as_absent(monkeypatch):
     (tests/test_liger.py); `--liger on` plans it either way."""
     monkeypatch.setattr("planner.program.liger._not_installed",
                         lambda: "liger-kernel is treated as absent by the tests (tests/conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def torchao_treated_as_absent(monkeypatch):
+    """`--precision auto` weighs fp8 only where torchao is installed; as for Liger, the suite treats it as absent
+    (tests of the installed case patch it back); `--precision fp8` plans it either way."""
+    monkeypatch.setattr("planner.planning.torchao_missing",
+                        lambda: "torchao is treated as absent by the tests (tests/conftest.py)")

@@ -157,7 +157,7 @@ def test_adafactor_factors_matrices():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(precision="fp8"), "precision"), (dict(optimizer="rmsprop"), "optimizer"), (dict(zero_stage=4), "zero"),
+    (dict(precision="int4"), "precision"), (dict(optimizer="rmsprop"), "optimizer"), (dict(zero_stage=4), "zero"),
     (dict(offload="optimizer"), "ZeRO"), (dict(zero_stage=2, offload="optimizer+params"), "stage 3"),
     (dict(zero_stage=1, precision="bf16-true"), "bf16-true"),
 ])

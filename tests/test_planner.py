@@ -360,10 +360,12 @@ def test_auto_searches_fp16_mixed_only_where_bf16_cannot_run(gpu, searched):
     """fp16-mixed has bf16-mixed's bytes and tensor-core rate plus loss scaling: `auto` plans it only on GPUs
     without bf16, and a user who names it gets it."""
     from planner.hardware import lookup_gpu
+    from planner.models import resolve_model
     from planner.planning import _precisions
 
-    assert _precisions("auto", lookup_gpu(gpu), "sdpa") == searched
-    assert _precisions("fp16-mixed", lookup_gpu(gpu), "sdpa") == ("fp16-mixed",)
+    spec = resolve_model("meta-llama/Llama-3.2-1B").spec  # float8 converts its layers, but torchao is treated as absent
+    assert _precisions("auto", lookup_gpu(gpu), "sdpa", spec) == searched
+    assert _precisions("fp16-mixed", lookup_gpu(gpu), "sdpa", spec) == ("fp16-mixed",)
 
 
 @pytest.mark.long

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner import facts
 from planner.errors import UnknownGPUError
-from planner.vocab import FLASH, FP32, PRECISION
+from planner.vocab import FLASH, FP8_COMPUTE, FP32, PRECISION
 
 #: The GPU we plan for when none is detected and none is named. Said so in the output.
 REFERENCE_GPU = "A100-80GB"
@@ -71,11 +71,12 @@ class GPU(BaseModel):
     def peak_tflops(self, precision: str) -> float:
         """Dense peak for the dtype the precision's matmuls run in (`PrecisionInfo.compute`).
 
-        fp32 training uses the plain FP32 pipes (TF32 is off by default in torch since 1.12).
+        fp32 training uses the plain FP32 pipes (TF32 is off by default in torch since 1.12). Under float8 the
+        converted layers' GEMMs run at the FP8 peak: the bound on what the step's FLOPs can reach.
         """
         if precision not in PRECISION:
             raise ValueError(f"unknown precision {precision!r}")
-        compute = PRECISION[precision].compute
+        compute = FP8_COMPUTE if PRECISION[precision].float8 else PRECISION[precision].compute
         peak = getattr(self, f"peak_tflops_{compute}", None)
         if peak is None:
             raise ValueError(f"{self.name} has no {compute} support")
@@ -98,6 +99,10 @@ class GPU(BaseModel):
             return (f"{self.name} has no TF32 tensor cores (compute capability {self.compute_capability}; TF32 "
                     "needs 8.0)")
         cc = self.compute_capability_tuple
+        if PRECISION[precision].float8 and (cc is None or cc < facts.get("float8.min_cc")
+                                            or self.peak_tflops_fp8 is None):
+            return (f"{self.name} has no FP8 training through accelerate (it needs an NVIDIA GPU of compute capability "
+                    f"8.9 or newer: Ada, Hopper, Blackwell; this one has {self.compute_capability})")
         if attention == FLASH and cc is not None and cc < facts.get("flash_attn.min_cc"):  # FlashAttention-2's GPUs
             return (f"FlashAttention-2 needs compute capability 8.0 or newer; {self.name} has "
                     f"{self.compute_capability}")

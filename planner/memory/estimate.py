@@ -16,6 +16,7 @@ from planner.memory.whole_run import evaluation_view
 from planner.models import resolve_model
 from planner.models.adapters import NF4_FACTS, Adapter
 from planner.models.build import build_meta
+from planner.program.float8 import Float8Linears, converts
 from planner.program.trace import trace_activations, trace_sequence_fit
 from planner.program.workload import Workload
 from planner.request import MemoryRequest
@@ -41,12 +42,13 @@ class MemoryTerms(BaseModel):
     cuda_context: int = 0          # outside the caching allocator
     nccl_buffers: int = 0          # outside the caching allocator
     error_margin: int = 0          # held back for the model's measured error (planner/uncertainty.py `margin_for`)
+    float8_casts: int = 0          # float8 copies alive around a converted layer's GEMMs (planner/program/float8.py)
 
     @property
     def allocated_overheads(self) -> int:
         """What the caching allocator holds beyond model states and activations."""
         return (self.model_buffers + self.cublas_workspace + self.ddp_buckets + self.zero_buckets
-                + self.allocator_rounding)
+                + self.allocator_rounding + self.float8_casts)
 
     @property
     def outside_allocator(self) -> int:
@@ -250,6 +252,9 @@ class Evaluation:
         if device == "cpu":
             tensors += ms.host_tensors
         terms = _terms(spec, cfg, ms, view, transient, device, self.gpu, self.gpus_per_node)
+        if converts(cfg):
+            casts = Float8Linears.of(spec).transient_bytes(cfg.micro_batch * self.seq_len, cfg.compiled)
+            terms = terms.model_copy(update={"float8_casts": casts})
         peak_allocated = tensors + terms.allocated_overheads
         overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
         sized = device == "cuda" and not ESTIMATE[method].measured and not ESTIMATE[method].understated

@@ -273,7 +273,24 @@ def spec_from_model(model, config, *, name: str, source: str, adapter=None, quan
         position=position, config_hash=config_hash(config), causal_attention=causal_share(model),
         layer_class=str(sorted(getattr(model, "_no_split_modules", None) or [""])[0]),
         num_labels=_num_labels(model, config), **_adapter_fields(adapter, quantized), **_buffer_fields(model),
-    )
+        float8_linears=float8_linears(model))
+
+
+def float8_linears(model) -> tuple[tuple[int, int, int, int], ...]:
+    """(in_features, out_features, converted, total) per nn.Linear shape, by accelerate's own default filter for its
+    AO backend: both dimensions divisible by 16, and not the first or last linear (accelerate/utils/ao.py:32-69,
+    :140-143)."""
+    import torch
+    from accelerate.utils.ao import filter_linear_layers, find_first_last_linear_layers
+
+    first, last = find_first_last_linear_layers(model)
+    counts: dict[tuple[int, int], tuple[int, int]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            shape = (module.in_features, module.out_features)
+            converted, total = counts.get(shape, (0, 0))
+            counts[shape] = (converted + int(filter_linear_layers(module, name, [first, last])), total + 1)
+    return tuple((i, o, c, t) for (i, o), (c, t) in sorted(counts.items()))
 
 
 def causal_share(model) -> float:

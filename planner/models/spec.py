@@ -57,6 +57,9 @@ class ModelSpec(BaseModel):
     #: which take the weights' dtype (`model.half()` and `.to()` cast them), and the bytes of the others (bool masks)
     float_buffer_elements: int = 0
     other_buffer_bytes: int = 0
+    #: nn.Linear shapes as (in_features, out_features, converted, total): how many of each accelerate's AO backend
+    #: would swap for torchao's Float8Linear under its default filter (planner/models/build.py `float8_linears`)
+    float8_linears: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def frozen_parameters(self) -> int:

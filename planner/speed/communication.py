@@ -12,6 +12,7 @@ from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
 from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.spec import ModelSpec
+from planner.program.float8 import Float8Linears, converts
 from planner.speed.kernels import host_link
 from planner.vocab import CHECKPOINTING, DEEPSPEED, OFFLOAD, TORCH
 
@@ -121,7 +122,7 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
     micro-steps skip the sync); DeepSpeed ZeRO-1 reduce-scatters its reduce buckets in that backward and ZeRO-2 in
     every micro-step's (deepspeed/runtime/zero/stage_1_and_2.py `reduce_ready_partitions_and_remove_grads`), both
     gathering the updated 16-bit weights after the step (`step`: `all_gather_dp_groups`), which nothing overlaps;
-    ZeRO-3 / FSDP gather and reduce-scatter block by block (`sharded_exposed_seconds`)."""
+    ZeRO-3 / FSDP gather and reduce-scatter block by block (`sharded_exposed_seconds`), float8 weights in 1 byte."""
     world, n = cfg.data_parallel, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
     if world <= 1:
         return 0.0
@@ -143,6 +144,8 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
         reduce = exposed_seconds(gradient_buckets(spec, grad_bytes, (cap,)), backward_s, ring)
         return (n if cfg.zero_stage == 2 else 1) * reduce + ring(weights16)
     layers = max(1, spec.layers)
+    if converts(cfg):  # torchao's float8 all-gather under FSDP2
+        weights16 = Float8Linears.of(spec).gathered_bytes(spec.parameters, cfg.weight_bytes())
     gather, reduce = ring(weights16) / layers, ring(spec.trainable_parameters * grad_bytes) / layers
     # FSDP2's stage 2 (reshard_after_forward=False) keeps the forward's gathered weights for the backward
     regather = gather if cfg.zero_stage == 3 else 0.0

@@ -18,8 +18,9 @@ from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
 from planner.models.adapters import NF4_FACTS
 from planner.models.spec import ModelSpec
+from planner.program.float8 import Float8Linears
 from planner.program.profile import ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile
-from planner.vocab import CHECKPOINTING, FP32_COMPUTE, PRECISION
+from planner.vocab import BF16_COMPUTE, CHECKPOINTING, FP8_COMPUTE, FP32_COMPUTE, PRECISION
 
 
 def compute_dtype(precision: str, half: bool) -> str:
@@ -51,6 +52,8 @@ def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> floa
     alignment = min(_alignment(int(round(d))) for d in (m, n, k))
     if elem_bytes == 2 and alignment < facts.get("gemm.tensor_core_alignment"):
         return eff.misaligned if alignment == 1 else eff.misaligned_align2
+    if dtype == FP8_COMPUTE and dtype not in eff.matmul:  # no FP8 GEMM measured on this GPU: bf16's share of peak
+        return eff.matmul[BF16_COMPUTE]
     return eff.matmul[dtype]
 
 
@@ -146,6 +149,30 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     gpu_s = device_time(profile, scale, precision, gpu, eff, tp, tp_share).seconds
     cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
     return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
+
+
+def float8_gemm_change(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency,
+                       float8: Float8Linears) -> float:
+    """Seconds float8 changes in a micro-step's GEMMs: the share of each that `float8` converts runs on the FP8 tensor
+    cores with 1-byte operands instead of in the precision's 16-bit dtype (planner/program/float8.py)."""
+    change = 0.0
+    for count, dims, dtype, _phase, scaled in profile.gemms():
+        share = float8.share(dims, scaled)
+        if share:
+            dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
+            cdtype = compute_dtype(precision, dtype == HALF)
+            change += count * share * (gemm_seconds(*dims, FP8_COMPUTE, gpu, eff, 1)
+                                       - gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4))
+    return change
+
+
+def float8_cast_time(float8: Float8Linears, tokens: float, weight_bytes: int, compiled: bool, gpu: GPU,
+                     eff: Efficiency) -> MicroStep:
+    """One micro-step's float8 casts (`Float8Linears.cast_traffic`): memory-bound kernels on the GPU, each also
+    dispatched by the host (the casts run in Float8Linear's Python forward and autograd Function backward)."""
+    nbytes, launches = float8.cast_traffic(tokens, weight_bytes, compiled)
+    host = 0.0 if compiled else launches * eff.dispatch_us * 1e-6
+    return MicroStep(gpu_s=nbytes / bandwidth(gpu, eff) + launches * eff.launch_us * 1e-6, cpu_s=host)
 
 
 def dequantize_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:

@@ -17,9 +17,15 @@ from planner.models.spec import ModelSpec
 from planner.program.compiled import BACKWARD, FORWARD, CompileEffect
 from planner.program.profile import Profile
 from planner.speed.communication import communication_seconds, offload_seconds, tensor_parallel_seconds
-from planner.speed.kernels import dequantize_seconds, micro_step
+from planner.program.float8 import Float8Linears, converts
+from planner.speed.kernels import (
+    MicroStep, dequantize_seconds, float8_cast_time, float8_gemm_change, micro_step,
+)
 from planner.speed.optimizer import optimizer_seconds
-from planner.vocab import CHECKPOINTING, FUSED_STEP, AdamStep
+from planner.vocab import ACTIVATIONS, CHECKPOINTING, FUSED_STEP, AdamStep
+
+#: the traced programs whose weights are 16-bit (what a float8 cast of the weight reads)
+HALF_WEIGHTS = tuple(k for k, v in ACTIVATIONS.items() if v.half_weights)
 
 class StepParts(BaseModel):
     """Seconds per optimizer step, by what they are spent on."""
@@ -172,11 +178,13 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
         profile, blocks = compiled_profile(profile, traced.compile_effect), 0
         residual = facts.get("inductor.compiled_device_residual")
         compile_once = traced.compile_effect.compile_seconds(spec.layers)
-    micro = micro_step(profile, cfg.micro_batch / traced.micro_batch, cfg.precision, gpu, eff, blocks,
-                       cfg.tensor_parallel, traced.tp_share)
+    scale = cfg.micro_batch / traced.micro_batch
+    micro = micro_step(profile, scale, cfg.precision, gpu, eff, blocks, cfg.tensor_parallel, traced.tp_share)
     extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, setup.seq_len,
                                                                                setup.gpus_per_node, gpu, eff)
     micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
+    if converts(cfg):
+        micro = _with_float8(micro, setup, cfg, traced, profile, scale)
     backward = micro.seconds * _backward_share(profile)
     parts = StepParts(
         compute=cfg.grad_accum * micro.seconds,
@@ -192,6 +200,16 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
                              for mode in (None, cfg.checkpointing))
     return ThroughputInfo(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
                           mfu=model_flops / total / peak, hfu=executed / total / peak, step_time_s=total, parts=parts)
+
+
+def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: TracedStep, profile: Profile,
+                 scale: float) -> MicroStep:
+    """A micro-step with its converted GEMMs at the FP8 rate and the float8 casts beside them."""
+    float8, gpu, eff = Float8Linears.of(setup.spec), setup.gpu, setup.eff
+    gemms = float8_gemm_change(profile, scale, cfg.precision, gpu, eff, float8)
+    casts = float8_cast_time(float8, cfg.micro_batch * setup.seq_len, 2 if cfg.activation_family() in HALF_WEIGHTS
+                             else 4, cfg.compiled and traced.compile_effect is not None, gpu, eff)
+    return MicroStep(gpu_s=micro.gpu_s + gemms + casts.gpu_s, cpu_s=micro.cpu_s + casts.cpu_s)
 
 
 def _backward_share(profile: Profile) -> float:

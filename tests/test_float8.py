@@ -1,0 +1,122 @@
+"""Float8 training (planner/program/float8.py): the layers accelerate converts, the GEMMs at the FP8 rate and the casts
+beside them, the files accelerate and the Trainer read, and where fp8 is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import planner.planning
+from planner import load_plan, plan
+from planner.errors import InputError
+from planner.hardware import lookup_gpu
+from planner.hardware.efficiency_data import efficiency_of
+from planner.models import resolve_model
+from planner.program.float8 import Float8Linears
+from planner.request import PlanRequest
+from planner.speed.kernels import gemm_seconds
+
+H100 = dict(gpu="H100-80GB", detect=False)
+
+
+@pytest.fixture(scope="module")
+def fp8_plan():
+    return plan("Qwen/Qwen2.5-0.5B", 32, gpus_per_node=2, precision="fp8", seq_len=1024, compile="on", **H100)
+
+
+def test_accelerate_converts_every_linear_but_the_first_and_the_last():
+    """Llama-3.1-8B has 32 blocks of 7 linear layers and an LM head, every dimension a multiple of 16: accelerate keeps
+    the first (block 0's q_proj) and the last (lm_head) in bf16 (accelerate/utils/ao.py:140-143)."""
+    linears = Float8Linears.of(resolve_model("meta-llama/Llama-3.1-8B").spec)
+    assert (linears.converted_layers, linears.total_layers) == (32 * 7 - 1, 32 * 7 + 1)
+    assert Float8Linears.of(resolve_model("gpt2").spec).converted_layers == 0  # GPT-2's blocks are Conv1D
+
+
+def test_the_counted_layers_are_the_ones_accelerate_converts():
+    pytest.importorskip("torchao", reason="torchao (the fp8 extra) is not installed")
+    import torch
+    import transformers
+    from accelerate.utils.ao import convert_model_to_fp8_ao
+    from torchao.float8.float8_linear import Float8Linear
+
+    from planner.models.build import float8_linears
+
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    counted = float8_linears(model)
+    convert_model_to_fp8_ao(model)
+    converted: dict[tuple[int, int], int] = {}
+    for module in model.modules():
+        if isinstance(module, Float8Linear):
+            shape = (module.in_features, module.out_features)
+            converted[shape] = converted.get(shape, 0) + 1
+    assert {(i, o): c for i, o, c, _t in counted if c} == converted
+    assert sum(isinstance(m, torch.nn.Linear) for m in model.modules()) == sum(t for *_x, t in counted)
+
+
+def test_a_float8_gemm_is_faster_by_at_most_the_peaks_ratio():
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency_of(gpu)
+    bf16, fp8 = (gemm_seconds(1, 8192, 14336, 4096, dtype, gpu, eff, width) for dtype, width in (("bf16", 2),
+                                                                                                  ("fp8", 1)))
+    assert 1.0 < bf16 / fp8 <= gpu.peak_tflops_fp8 / gpu.peak_tflops_bf16
+
+
+def test_fp8_keeps_bf16_activations_and_adds_its_casts(fp8_plan):
+    """Float8Linear saves the high-precision input and weight (torchao/float8/float8_linear.py:45): the traced
+    activations are bf16-mixed's, the float8 copies a transient beside them."""
+    choice = next(c for c in fp8_plan.candidates if c.fits and c.config.engine == "fsdp")
+    request = PlanRequest(model="Qwen/Qwen2.5-0.5B", global_batch=32, gpus_per_node=2, precision="fp8", seq_len=1024,
+                          gpu="H100-80GB")
+    job = planner.planning.resolve_job(request, planner.planning.resolve_hardware(request, detect=False))
+    bf16 = job.evaluator.estimate(choice.config.model_copy(update={"precision": "bf16-mixed"}))
+    fp8 = job.evaluator.estimate(choice.config)
+    assert fp8.activations == bf16.activations and fp8.terms.float8_casts > 0
+    assert fp8.peak_allocated - bf16.peak_allocated == fp8.terms.float8_casts
+    assert not [c for c in fp8_plan.candidates if c.verdict.kind == "invalid"]
+
+
+def test_an_fp8_plan_is_read_by_accelerate_and_the_trainer(fp8_plan, tmp_path, monkeypatch):
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from transformers import TrainingArguments
+
+    choice = next(c for c in fp8_plan.candidates if c.fits and c.config.engine == "fsdp")
+    fp8_plan.model_copy(update={"choice": choice}).emit(tmp_path)
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
+        ["--config_file", str(tmp_path / "accelerate_config.yaml"), "train.py"]))
+    env = prepare_multi_gpu_env(args)
+    assert (env["ACCELERATE_MIXED_PRECISION"], env["ACCELERATE_FP8_BACKEND"]) == ("fp8", "AO")
+    assert env["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"] == "True"
+    assert args.fsdp_cpu_ram_efficient_loading in (False, "false", "False")  # accelerator.py:518-527 refuses it
+    for key in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_FP8_BACKEND"):
+        monkeypatch.setenv(key, env[key])
+    trainer_args = json.loads((tmp_path / "training_args.json").read_text())
+    assert TrainingArguments(**{**trainer_args, "output_dir": str(tmp_path)}).mixed_precision == "fp8"
+    loaded = load_plan(tmp_path)
+    trial = loaded.training_arguments(use_cpu=True)
+    assert trial.bf16 and trial.mixed_precision == "bf16"
+    assert any(line.startswith("fp8 off") for line in loaded.cpu_changes)
+
+
+@pytest.mark.parametrize("model, fields, flag", [
+    ("Qwen/Qwen2.5-0.5B", dict(gpu="A100-80GB"), "--precision"),         # compute capability 8.0 < 8.9
+    ("gpt2", dict(gpu="H100-80GB"), "--precision"),                     # no nn.Linear converts
+])
+def test_fp8_is_refused_where_it_cannot_run(model, fields, flag):
+    with pytest.raises(InputError) as err:
+        plan(model, 32, precision="fp8", detect=False, **fields)
+    assert err.value.flag == flag
+
+
+def test_auto_weighs_fp8_only_where_torchao_is_installed(monkeypatch):
+    request = dict(gpus_per_node=1, seq_len=512, **H100)
+    absent = plan("Qwen/Qwen2.5-0.5B", 16, **request)
+    assert not [c for c in absent.candidates if c.config.precision == "fp8"]
+    assert "fp8-available" in [n.kind for n in absent.notes]
+    monkeypatch.setattr(planner.planning, "torchao_missing", lambda: None)
+    present = plan("Qwen/Qwen2.5-0.5B", 16, **request)
+    assert [c for c in present.candidates if c.config.precision == "fp8" and c.fits]
+    assert {"fp8", "fp8-lost"} & {n.kind for n in present.notes}
