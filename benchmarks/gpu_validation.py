@@ -1,8 +1,8 @@
 """GPU validation: the planner's peak memory and step time against real training steps on one GPU.
 
 About 20 single-GPU configurations (`ITEMS`: gpt2, bloom-560m, Llama-3.2-1B, Qwen2.5-0.5B and bert-large with a
-sequence-classification head; bf16-mixed, fp16-mixed, fp32 and bf16-true; no, selective and full checkpointing;
-LoRA, QLoRA, ZeRO-2 with optimizer offload, torch.compile), each planned pinned with the public API (`planner.plan`;
+sequence-classification head; bf16-mixed, fp16-mixed, fp32, bf16-true and fp8; no, selective and full checkpointing;
+LoRA, QLoRA, ZeRO-2 with optimizer offload, torch.compile, a 16,384-token sequence), each planned pinned with the public API (`planner.plan`;
 memory through `planner.estimate_memory` wherever it can express the configuration) and run with the shipped
 training script under the emitted files (`probes.runner.run_training`: 1 warm-up and 2 measured optimizer steps of 2
 micro-steps, a subprocess per run, as probes run). The edge set runs, for two models, the largest micro-batch the
@@ -156,6 +156,12 @@ ITEMS: tuple[Case, ...] = (
          "speed-up over its eager twin gpt2-bf16", GPT2, 1024, 4, compile=True, limit_s=240.0),
     Case("gpt2-zero2-offload", "DeepSpeed ZeRO-2 with the optimizer on the CPU, on one GPU", GPT2, 1024, 8,
          zero_stage=2, offload="optimizer", needs=("deepspeed",), limit_s=300.0),
+    Case("llama-fp8", "float8 linears (torchao tensorwise through accelerate's AO backend), eager: the converted "
+         "GEMMs at the FP8 rate, six unfused casts per layer, bf16-mixed's activations", LLAMA, 2048, 2, "fp8",
+         needs=("torchao",)),
+    Case("llama-long-16k", "one 16,384-token sequence with full checkpointing: what each rank of a 65,536-token "
+         "sequence split 4 ways holds and computes (ring attention and Ulysses alike)", LLAMA, 16384, 1,
+         checkpointing="full", grad_accum=1, limit_s=120.0),
     Case("hook-liger", "Liger-Kernel (use_liger_kernel): fused kernels and the chunked cross-entropy", LLAMA, 2048, 2,
          extra=(("liger", "on"),), needs=("liger_kernel",)),
     Case("hook-packed", "a packed dataset: pre-tokenised samples of skewed lengths packed into rows filled to "

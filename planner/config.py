@@ -32,6 +32,10 @@ class Config(BaseModel):
     engine: Engine = Field(default=None, validate_default=False,  # type: ignore[assignment]
                            description="torch at stage 0; the sharding engine (default deepspeed) above")
     tensor_parallel: int = Field(default=1, ge=1, description="GPUs each layer is split across (within a node)")
+    context_parallel: int = Field(default=1, ge=1, description="GPUs each sequence is split across by torch's ring "
+                                                               "attention (accelerate's cp_size, FSDP2)")
+    sequence_parallel: int = Field(default=1, ge=1, description="GPUs each sequence is split across by DeepSpeed's "
+                                                                "Ulysses all-to-alls (accelerate's sp_size)")
     compiled: bool = Field(default=False, description="the model runs under torch.compile (TorchInductor)")
     liger: bool = Field(default=False, description="Liger-Kernel's Triton kernels patch the model (the Trainer's "
                                                    "use_liger_kernel): planner/program/liger.py")
@@ -96,7 +100,24 @@ class Config(BaseModel):
                     "dp_shard_size = the GPUs)")
         if self.zero_stage and not PRECISION[self.precision].zero_engines:
             return f"{self.precision} runs on the torch engine only (ZeRO engines keep fp32 master weights)"
-        return self._float8_problem()
+        return self._sequence_split_problem() or self._float8_problem()
+
+    def _sequence_split_problem(self) -> str | None:
+        """accelerate's rules for splitting the sequence (accelerate/parallelism_config.py, accelerate/state.py)."""
+        cp, sp = self.context_parallel, self.sequence_parallel
+        if cp == sp == 1:
+            return None
+        if cp > 1 and sp > 1:  # parallelism_config.py:328-334
+            return "context parallelism and sequence parallelism are mutually exclusive"
+        if self.tensor_parallel > 1:
+            return "a split sequence is not planned beside tensor parallelism"
+        if self.world_size % (cp * sp):
+            return f"{cp * sp} sequence shards do not divide {self.world_size} GPUs"
+        if cp > 1 and self.engine != FSDP:  # state.py:996-1009
+            return "context parallelism (cp_size) needs FSDP2"
+        if sp > 1 and self.engine != DEEPSPEED:  # accelerator.py:2395-2405
+            return "sequence parallelism (sp_size, Ulysses) runs through DeepSpeed"
+        return None
 
     def _float8_problem(self) -> str | None:
         if not PRECISION[self.precision].float8:
@@ -147,8 +168,25 @@ class Config(BaseModel):
 
     @property
     def data_parallel(self) -> int:
-        """GPUs that see different samples: all of them, divided by the tensor-parallel group."""
+        """GPUs that see different samples: all of them, divided by the tensor-parallel group and by the GPUs a
+        sequence is split across (the Trainer's dp_world_size, transformers/trainer.py:2565-2581)."""
+        return self.world_size // (self.tensor_parallel * self.sequence_split)
+
+    @property
+    def sequence_split(self) -> int:
+        """GPUs each sequence is split across (context or sequence parallel): each holds 1/n of its tokens."""
+        return self.context_parallel * self.sequence_parallel
+
+    @property
+    def shard_ranks(self) -> int:
+        """GPUs that shard the model states and reduce the gradients: every data-parallel rank and every rank a
+        sequence is split across (FSDP2 over dp_shard x cp, parallelism_config.py:135-143; ZeRO over the Ulysses
+        sequence x data group, deepspeed/runtime/sequence_parallel/parallel_state_sp.py:11-12)."""
         return self.world_size // self.tensor_parallel
+
+    def unsplit(self) -> "Config":
+        """This configuration with each sequence whole on one GPU (what a split one's shards are a share of)."""
+        return self.model_copy(update={"context_parallel": 1, "sequence_parallel": 1})
 
     @property
     def sharded(self) -> bool:
@@ -211,7 +249,8 @@ class Config(BaseModel):
     def family(self) -> tuple:
         """The configuration apart from its micro-batch split, with fp16 and bf16 autocast as one
         (`precision_family`), so views, probes and probe calibration treat them as one family."""
-        tp = (f"tp{self.tensor_parallel}",) if self.tensor_parallel > 1 else ()
+        tp = tuple(f"{name}{n}" for name, n in (("tp", self.tensor_parallel), ("cp", self.context_parallel),
+                                                 ("sp", self.sequence_parallel)) if n > 1)
         return (self.precision_family(), self.checkpointing, self.zero_stage, self.offload, self.engine) + tp + (
             ("compiled",) if self.compiled else ()) + (("liger",) if self.liger else ()) + (
             (self.padding,) if self.padding else ())
@@ -225,19 +264,24 @@ class Config(BaseModel):
     def structure(self) -> int:
         """Moving parts of the training program's structure: a sharding engine over DDP, offload, tensor
         parallelism (what `search.rank` prefers fewer of unless the speed model can tell them apart)."""
-        return int(self.sharded) + OFFLOAD[self.offload].moving_parts + int(self.tensor_parallel > 1)
+        return int(self.sharded) + OFFLOAD[self.offload].moving_parts + int(self.tensor_parallel > 1) + int(
+            self.sequence_split > 1)
 
     def complexity(self) -> int:
         """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, compilation."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
                 + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1)
-                + 2 * (self.tensor_parallel > 1) + int(self.compiled) + int(self.liger)
+                + 2 * (self.tensor_parallel > 1) + 2 * (self.sequence_split > 1) + int(self.compiled) + int(self.liger)
                 + int(self.padding is not None and not PADDING[self.padding].padded))
 
     def parallelism_label(self) -> str:
         if self.world_size == 1 and not self.sharded:
             return "single GPU"
         name = ENGINE[self.engine].stage_names[self.zero_stage]
+        if self.context_parallel > 1:
+            return f"CP {self.context_parallel} x {name}"
+        if self.sequence_parallel > 1:
+            return f"Ulysses SP {self.sequence_parallel} x {name}"
         return f"TP {self.tensor_parallel} x {name} {self.data_parallel}" if self.tensor_parallel > 1 else name
 
     def label(self) -> str:

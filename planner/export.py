@@ -16,7 +16,8 @@ from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.adapters import Adapter
 from planner.program.liger import trainer_config as liger_trainer_config
 from planner.vocab import (
-    CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, GROUPED, INDUCTOR, OFFLOAD, OPTIMIZER, PRECISION, TORCH,
+    ATTENTION, CHECKPOINTING, DEEPSPEED, DEFAULT_OPTIMIZER, ENGINE, FSDP, GROUPED, INDUCTOR, OFFLOAD, OPTIMIZER,
+    PRECISION, TORCH,
 )
 
 #: Gradient clipping norm emitted for every engine (the Trainer's default max_grad_norm).
@@ -125,17 +126,37 @@ def accelerate_config(plan, *, ds_config_path: str = "ds_config.json", main_proc
     elif cfg.engine == FSDP:
         out.update(distributed_type=ENGINE[FSDP].distributed_type, mixed_precision=PRECISION[cfg.precision].accelerate,
                    fsdp_config=_fsdp(cfg, plan.model.layer_class))
-        if cfg.tensor_parallel > 1:  # accelerate/commands/launch.py --parallelism_config_* (FSDP2 only)
-            out["parallelism_config"] = {"parallelism_config_dp_shard_size": cfg.data_parallel,
-                                         "parallelism_config_tp_size": cfg.tensor_parallel}
     else:
         out.update(distributed_type=ENGINE[TORCH].distributed_type if cfg.world_size > 1 else "NO",
                    mixed_precision=PRECISION[cfg.precision].accelerate)
+    parallelism = parallelism_config(cfg, plan.attention, plan.seq_len)
+    if parallelism:
+        out["parallelism_config"] = parallelism
     if cfg.compiled:  # accelerate/commands/launch.py reads dynamo_config's keys as its --dynamo_* flags
         out["dynamo_config"] = {"dynamo_backend": INDUCTOR.upper()}
     if PRECISION[cfg.precision].float8:
         out["fp8_config"] = float8_config(cfg)
     return out
+
+
+def parallelism_config(cfg: Config, attention: str, seq_len: int) -> dict:
+    """accelerate's parallelism_config block (keys as its launcher's --parallelism_config_* flags, commands/launch.py
+    :900-982, which it exports as PARALLELISM_CONFIG_* for ParallelismConfig, utils/launch.py:403-427): FSDP2's
+    tensor parallelism or ring attention (cp_size, with the allgather rotation accelerate recommends), or DeepSpeed's
+    Ulysses (sp_size, with the attention kernel it wraps); empty where the plan uses none."""
+    prefix = "parallelism_config_"
+    if cfg.tensor_parallel > 1:
+        fields = {"dp_shard_size": cfg.data_parallel, "tp_size": cfg.tensor_parallel}
+    elif cfg.context_parallel > 1:
+        fields = {"dp_shard_size": cfg.data_parallel, "cp_size": cfg.context_parallel, "cp_backend": TORCH,
+                  "cp_comm_strategy": "allgather"}
+    elif cfg.sequence_parallel > 1:  # accelerate names the backends by their libraries: torch, deepspeed
+        fields = {"dp_replicate_size": 1, "dp_shard_size": cfg.data_parallel, "sp_size": cfg.sequence_parallel,
+                  "sp_backend": DEEPSPEED, "sp_seq_length": seq_len, "sp_seq_length_is_variable": False,
+                  "sp_attn_implementation": ATTENTION[attention].transformers}
+    else:
+        return {}
+    return {prefix + key: value for key, value in fields.items()}
 
 
 def float8_config(cfg: Config) -> dict:

@@ -37,6 +37,7 @@ NOTE: dict[str, NoteInfo] = {
     "no-tp-plan": NoteInfo("the model has no tensor-parallel plan in this transformers", False),
     "no-tp-size": NoteInfo("no tensor-parallel size divides the model's key/value heads", False),
     "tensor-parallel": NoteInfo("the plan uses tensor parallelism: how to load the model for it", True),
+    "sequence-split": NoteInfo("the plan splits each sequence across GPUs: why, and what the run must keep", True),
     "no-pipeline": NoteInfo("pipeline parallelism is not planned", False),
     "preset-variant": NoteInfo("a fine-tuned variant's name, planned with its base preset's architecture", True),
     "simpler": NoteInfo("a configuration with more moving parts was predicted faster, by less than the model can tell",

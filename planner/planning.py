@@ -32,7 +32,7 @@ from planner.program.liger import applies, patches_for
 from planner.receipts import read_receipts
 from planner.refine import DEFAULT_PROBE_BUDGET_S, receipt_speeds, refine_with_measurements, retimed
 from planner.render import no_fit_message, suggestion_text
-from planner.request import PlanRequest
+from planner.request import PlanRequest, flag_of
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, rank, search, speed_of
 from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
@@ -42,9 +42,9 @@ from planner.types import (
     Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, Requirement,
 )
 from planner.vocab import (
-    ADAPTER, ATTENTION, AUTO, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED, DEFAULT_PRECISION, ENGINE,
-    FP32, FULL, GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE,
-    PRECISION, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
+    ADAPTER, ATTENTION, AUTO, AUTO_SPLIT_FROM, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED,
+    DEFAULT_PRECISION, EAGER, ENGINE, FP32, FULL, GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE,
+    PACKING, PADDING, PADDING_FREE, PRECISION, SDPA, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 
@@ -271,6 +271,7 @@ def search_space(job: Job) -> SearchSpace:
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
         micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer, packed_rows=job.packed_rows,
         adapter=job.spec.adapter, tensor_parallel=tensor_parallel_sizes(job.resolved, hardware.gpus_per_node)[0],
+        **sequence_splits(job),
         compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job),
         liger=_liger(job))
 
@@ -388,6 +389,71 @@ def tensor_parallel_sizes(resolved, gpus_per_node: int) -> tuple[tuple[int, ...]
     return sizes, None if sizes else note("no-tp-size", kv_heads=spec.kv_heads)
 
 
+def sequence_splits(job: Job) -> dict:
+    """The sequence splits to search (`SearchSpace.context_parallel`, `.sequence_parallel`, `.whole_sequences`): the
+    sizes the libraries accept for this model and sequence, each N pinned (an InputError saying why where it cannot
+    run) or, under auto, those within a node from AUTO_SPLIT_FROM tokens."""
+    request, world = job.request, job.hardware.gpus_per_node * job.hardware.nodes
+    pinned = {field: request.split_sizes(field) for field in SPLIT_FIELDS}
+    if all(pinned.values()):  # accelerate/parallelism_config.py:328-334
+        raise InputError("context and sequence parallelism are mutually exclusive", flag="--sequence-parallel",
+                         hint="Pin one of --context-parallel and --sequence-parallel.")
+    out = {"whole_sequences": not any(pinned.values())}
+    for field in SPLIT_FIELDS:
+        size, mode = pinned[field], getattr(request, field)
+        if size is not None:
+            problem = split_problem(job, field, size, world)
+            if problem:
+                raise InputError(problem, flag=flag_of(PlanRequest, field), hint="Use another size, or off.")
+            out[field] = (size,)
+        elif mode == AUTO and job.seq_len >= AUTO_SPLIT_FROM and not any(pinned.values()):
+            out[field] = tuple(n for n in range(2, min(world, job.hardware.gpus_per_node) + 1)
+                               if world % n == 0 and not split_problem(job, field, n, world))
+    return out
+
+
+def split_problem(job: Job, field: str, size: int, world: int) -> str | None:
+    """Why `size` GPUs cannot split each sequence this way for this model, attention and sequence, or None."""
+    spec, config, seq = job.spec, job.resolved.config, job.seq_len
+    ring = field == "context_parallel"
+    if world % size:
+        return f"{size} does not divide the {world} GPUs"
+    if job.data is not None:  # the split drops the attention mask (accelerate/big_modeling.py:828-847)
+        return "a split sequence is planned on full rows of --seq-len tokens, not on a dataset's padded rows"
+    if spec.causal_attention < 1 or spec.is_encoder_decoder:
+        return f"{spec.name} is not a decoder with causal attention throughout"
+    refused = _refused_layer_types(config, ring)
+    if refused:
+        return f"accelerate refuses to split {spec.name}'s {', '.join(refused)} layers"
+    if ring and job.attention != SDPA:  # transformers/trainer.py:2419-2424
+        return "context parallelism runs with SDPA attention only (--attention sdpa)"
+    if ring and seq % (2 * size):  # torch/.../_load_balancer.py:470-478
+        return f"the sequence ({seq:,} tokens) must divide by 2 x {size} for the ring's causal load balance"
+    if not ring and (spec.heads % size or (spec.kv_heads % size and size % spec.kv_heads)):  # ulysses_sp.py:147-152
+        return f"{spec.heads} attention and {spec.kv_heads} key/value heads do not split over {size} GPUs"
+    if not ring and job.attention == EAGER:  # accelerate/utils/dataclasses.py:2252-2309
+        return "Ulysses sequence parallelism runs SDPA or FlashAttention, not eager attention"
+    if not ring and seq % size:  # ulysses_sp.py:706-707
+        return f"the sequence ({seq:,} tokens) must divide by {size}"
+    return None
+
+
+SPLIT_FIELDS = ("context_parallel", "sequence_parallel")
+
+
+def _refused_layer_types(config, ring: bool) -> list[str]:
+    """The attention layer types accelerate refuses to split: for ring attention every type but full attention, and
+    a sliding window where a config predates layer_types (accelerate/big_modeling.py:805-826); for Ulysses the
+    linear-attention (recurrent) ones (big_modeling.py:760-784)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if not ring:
+        return sorted({t for t in types or [] if "linear_attention" in t})
+    if types is None:
+        return ["sliding_attention"] if getattr(text, "sliding_window", None) else []
+    return sorted({t for t in types if t != "full_attention"})
+
+
 def hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate]:
     """Precisions the GPU cannot run, as rejected options that say why (bf16 on a V100 or T4)."""
     if precision != AUTO:
@@ -450,6 +516,14 @@ def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
         notes.append(note("tensor-parallel", tp=cfg.tensor_parallel, dp=cfg.data_parallel,
                           speedup=choice.throughput.tokens_per_s / plain.throughput.tokens_per_s if plain else None,
                           plain=plain.config.label() if plain else None))
+    if cfg.sequence_split > 1 and choice.fits:
+        whole = next((c for c in ranked if c.fits and c.config.sequence_split == 1 and c.throughput), None)
+        notes.append(note("sequence-split", by="context" if cfg.context_parallel > 1 else "sequence",
+                          split=cfg.sequence_split, seq_len=job.seq_len, per_gpu=job.seq_len // cfg.sequence_split,
+                          gpus=job.hardware.gpus_per_node * job.hardware.nodes, gpu=job.gpu.name,
+                          whole=whole.config.label() if whole else None, pinned=not job.request.context_parallel
+                          == job.request.sequence_parallel == AUTO,
+                          speedup=speed_of(choice) / speed_of(whole) if whole else None))
     if job.hardware.nodes > 1 and choice.fits:
         notes.append(note("no-pipeline"))
     fastest = max((c for c in ranked if c.fits), key=speed_of, default=None)
@@ -530,10 +604,11 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
                      or choice.config.adapter_problem(job.spec.adapter) or "no fp8 configuration fits")]
     best = lost[0]
     compiled = None if best.config.compiled else job.speed(best.config.model_copy(update={"compiled": True}))
+    faster = compiled is not None and compiled.useful_tokens_per_s > best.throughput.useful_tokens_per_s
     return [note("fp8-lost", converted=linears.converted_layers, linears=linears.total_layers,
                  label=best.config.label(), tokens_per_s=best.throughput.useful_tokens_per_s,
                  chosen_tokens_per_s=choice.throughput.useful_tokens_per_s,
-                 compiled_tokens_per_s=compiled.useful_tokens_per_s if compiled else None)]
+                 compiled_tokens_per_s=compiled.useful_tokens_per_s if faster else None)]
 
 
 def _qlora_notes(job: Job) -> list[Note]:

@@ -108,8 +108,9 @@ def summary(plan, explain: bool = False) -> Panel:
 
 def batch_line(cfg, tp, row_length: int) -> str:
     """The step's split: micro-batch x accumulation x data-parallel GPUs; packed rows say the samples they hold."""
-    ranks = f"{cfg.world_size} GPU" if cfg.tensor_parallel == 1 else \
-        f"{cfg.data_parallel} groups of {cfg.tensor_parallel} GPUs"
+    group = cfg.world_size // cfg.data_parallel
+    ranks = f"{cfg.world_size} GPU" if group == 1 else \
+        f"{cfg.data_parallel} group{'s' if cfg.data_parallel > 1 else ''} of {group} GPUs"
     split = f"micro-batch {cfg.micro_batch} x accumulation {cfg.grad_accum} x {ranks}"
     if cfg.padding != PACKING or tp is None:
         return f"{split} = {cfg.global_batch}"
@@ -566,10 +567,21 @@ NOTE_TEXT = {
     "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
                            f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
                            f"against {fmt_tokens(v['chosen_tokens_per_s'])}"
-                           + (f"; its float8 casts run unfused in eager mode, and compiled (--compile on, or "
+                           + (f"; its float8 casts run unfused in eager mode: compiled (--compile on, or "
                               f"--train-steps to let auto weigh it) it would run "
                               f"{fmt_tokens(v['compiled_tokens_per_s'])} tokens/s." if v["compiled_tokens_per_s"]
                               else ".")),
+    "sequence-split": lambda v: (
+        (f"Each sequence is split {v['split']} ways, as asked" if v["whole"] is None and v["pinned"] else
+         f"{v['seq_len']:,} tokens fit on {v['gpus']} x {v['gpu']} only with each sequence split {v['split']} ways"
+         if v["whole"] is None else
+         f"Splitting each sequence {v['split']} ways runs {v['speedup']:.2f}x the tokens/s of the fastest plan that "
+         f"keeps sequences whole ({v['whole']})")
+        + f": each GPU holds {v['per_gpu']:,} tokens of every activation. "
+        + ("Ring attention (accelerate's cp_size, FSDP2) drops the attention mask and attends causally (accelerate/"
+           "big_modeling.py:828-847): train full rows, with SDPA." if v["by"] == "context" else
+           "Ulysses (accelerate's sp_size over DeepSpeed) swaps sequence for heads around attention with all-to-alls; "
+           "the Trainer feeds each rank its share of every batch.")),
     "fp8-available": lambda v: (f"{v['gpu']} trains in FP8, but torchao is not installed here, so --precision auto "
                                 f"did not weigh it: {v['install']}, or --precision fp8 to plan with it."),
     "fp8-not-planned": lambda v: f"FP8 was not weighed for this configuration: {v['why']}.",

@@ -17,7 +17,7 @@ from planner.vocab import (
     DEFAULT_SHARDING_ENGINE, ENGINE, LABELS_OBJECTIVE, LIGER, LR_SCALING, MEMORY_METHOD, NO_ADAPTER, NO_CHECKPOINTING,
     NO_OFFLOAD, OBJECTIVE, OFFLOAD, OPTIMIZER, PADDING, PRECISION, SDPA, SHARDING_ENGINES, TASK_CHOICES, AdapterMethod,
     Attention, Checkpointing, CompileMode, LigerMode, LRScaling, MemoryMethod, Objective, Offload, Optimizer, Precision,
-    ShardingEngine, TaskChoice, choices_text,
+    SPLIT_OFF, ShardingEngine, TaskChoice, choices_text,
 )
 
 
@@ -136,6 +136,10 @@ class PlanRequest(_Request):
                                   + ". auto compiles where it is faster over the run (give its length).")
     liger: LigerMode = option(AUTO, help="Liger-Kernel's Triton kernels (the Trainer's use_liger_kernel): "
                               + choices_text(LIGER) + ". auto weighs them where liger-kernel is installed here.")
+    context_parallel: str = option(AUTO, help="Split each sequence across N GPUs by ring attention (accelerate's "
+                                   "cp_size, FSDP2): auto (weighed from 16,384 tokens), off, or N.")
+    sequence_parallel: str = option(AUTO, help="Split each sequence across N GPUs by DeepSpeed's Ulysses all-to-alls "
+                                    "(accelerate's sp_size): auto (weighed from 16,384 tokens), off, or N.")
     receipts: str | None = option(help="A receipt.json or a folder of them (a team's runs) to calibrate speeds on this "
                                        "GPU with, beside the receipts in the cache (docs/receipts.md).",
                                   flag="--receipts")
@@ -169,6 +173,15 @@ class PlanRequest(_Request):
     def _offload(cls, value):
         return {True: ANY_OFFLOAD, False: NO_OFFLOAD}.get(value, value) if isinstance(value, bool) else value
 
+    @field_validator("context_parallel", "sequence_parallel", mode="before")
+    @classmethod
+    def _split(cls, value, info):
+        text = str(value).strip().lower()
+        if text in (AUTO, SPLIT_OFF) or (text.isdigit() and 1 <= int(text) <= LIMITS.world_size):
+            return SPLIT_OFF if text == "1" else text
+        raise InputError(f"{value!r} is not auto, off or a number of GPUs", flag=flag_of(cls, info.field_name),
+                         hint="e.g. 4: each sequence split across 4 GPUs.")
+
     @field_validator("task", mode="before")
     @classmethod
     def _task(cls, value):
@@ -197,6 +210,11 @@ class PlanRequest(_Request):
                              hint="Drop --train-steps or --train-tokens.")
         self.resolved_adapter()  # LoRA flags without --peft, or both an adapter and --peft
         return self
+
+    def split_sizes(self, field: str) -> int | None:
+        """A pinned sequence split (--context-parallel / --sequence-parallel N), else None (auto or off)."""
+        value = getattr(self, field)
+        return int(value) if value.isdigit() else None
 
     def resolved_adapter(self) -> Adapter | None:
         """The LoRA / QLoRA adapter asked for, or None; LoRA flags without --peft are an InputError."""

@@ -10,6 +10,7 @@ their `method` says so.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from planner.notes import Verdict
 from planner.speed.model import SpeedModel
 from planner.types import Candidate
 from planner.vocab import (
-    ANALYTIC, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD, PACKING, PRECISION, TRACE,
+    ANALYTIC, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD, PACKING, PRECISION, TRACE,
     UNSHARDED_ENGINE,
 )
 
@@ -44,6 +45,9 @@ class SearchSpace:
     optimizer: str = DEFAULT_OPTIMIZER
     adapter: str = NO_ADAPTER                 # what trains (`vocab.ADAPTER`)
     tensor_parallel: tuple[int, ...] = ()     # tensor-parallel sizes > 1 to plan beside data parallelism
+    context_parallel: tuple[int, ...] = ()    # ring-attention sizes > 1 (FSDP2), beside unsplit sequences
+    sequence_parallel: tuple[int, ...] = ()   # Ulysses sizes > 1 (DeepSpeed), beside unsplit sequences
+    whole_sequences: bool = True              # plan configurations that keep each sequence on one GPU
     compiled: tuple[bool, ...] = (False,)     # eager, compiled (torch.compile), or both (`vocab.COMPILE`)
     liger: tuple[bool, ...] = (False,)        # without, with Liger-Kernel's patches, or both
     paddings: tuple[str | None, ...] = (None,)  # how a dataset's samples are batched (`vocab.PADDING`); None: no data
@@ -86,6 +90,13 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
 
 def _splits(space: SearchSpace, rows: int) -> list[Config]:
     """The configurations of `rows` rows per step, before compile, Liger and batching are chosen."""
+    whole = _whole_sequence_configs(space, rows) + _tensor_parallel_configs(space, rows) \
+        if space.whole_sequences else []
+    return whole + _sequence_split_configs(space, rows)
+
+
+def _whole_sequence_configs(space: SearchSpace, rows: int) -> list[Config]:
+    """Data parallelism (DDP, ZeRO, FSDP) over every GPU, each holding whole sequences."""
     per_gpu = rows // space.world_size
     mbs = [mb for mb in ([space.micro_batch] if space.micro_batch else divisors(per_gpu)) if per_gpu % mb == 0]
     out = []
@@ -100,7 +111,7 @@ def _splits(space: SearchSpace, rows: int) -> list[Config]:
                 configs = [Config(micro_batch=mb, grad_accum=per_gpu // mb, checkpointing=ckpt, **fields)
                            for mb in mbs for ckpt in space.checkpointing]
                 out += _runnable(configs, space)
-    return out + _tensor_parallel_configs(space, rows)
+    return out
 
 
 def _runnable(configs: list[Config], space: SearchSpace) -> list[Config]:
@@ -125,6 +136,28 @@ def _tensor_parallel_configs(space: SearchSpace, rows: int) -> list[Config]:
                               checkpointing=ckpt, zero_stage=3, offload=NO_OFFLOAD, engine=FSDP, tensor_parallel=size)
                        for mb in mbs if per_dp % mb == 0 for ckpt in space.checkpointing]
             out += _runnable(configs, space)
+    return out
+
+
+def _sequence_split_configs(space: SearchSpace, rows: int) -> list[Config]:
+    """Each sequence split across `n` GPUs, by ring attention under FSDP2 or by Ulysses under DeepSpeed, with the
+    world / n data-parallel ranks of each split taking the step's rows."""
+    out = []
+    splits = [("context_parallel", n, FSDP) for n in space.context_parallel] + [
+        ("sequence_parallel", n, DEEPSPEED) for n in space.sequence_parallel]
+    for name, size, engine in splits:
+        dp = space.world_size // size
+        if rows % dp:
+            continue
+        per_dp = rows // dp
+        mbs = [space.micro_batch] if space.micro_batch else divisors(per_dp)
+        for zero, precision, off in itertools.product(space.zero_stages, space.precisions, space.offloads):
+            fields = dict(world_size=space.world_size, precision=precision, zero_stage=zero, offload=off,
+                          engine=engine, **{name: size})
+            if not zero or Config.problem_of(**fields):
+                continue
+            out += _runnable([Config(micro_batch=mb, grad_accum=per_dp // mb, checkpointing=ckpt, **fields)
+                              for mb in mbs if per_dp % mb == 0 for ckpt in space.checkpointing], space)
     return out
 
 

@@ -405,7 +405,8 @@ def _config_json(c: Config) -> dict:
     return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "world_size": c.world_size,
             "global_batch": c.global_batch, "precision": c.precision, "checkpointing": c.checkpointing,
             "zero_stage": c.zero_stage, "offload": c.offload, "engine": c.engine,
-            "tensor_parallel": c.tensor_parallel, "data_parallel": c.data_parallel, "compiled": c.compiled,
+            "tensor_parallel": c.tensor_parallel, "context_parallel": c.context_parallel,
+            "sequence_parallel": c.sequence_parallel, "data_parallel": c.data_parallel, "compiled": c.compiled,
             "liger": c.liger, "padding": c.padding}
 
 

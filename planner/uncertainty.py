@@ -56,8 +56,8 @@ class Stratum:
         `gpus_per_node` to a node, training `adapter` (`vocab.ADAPTER`) in `program`."""
         world = cfg.world_size
         scale = "1-gpu" if world == 1 else "1-node" if world <= gpus_per_node else "nodes"
-        kind = "tp" if cfg.tensor_parallel > 1 else ("single" if world == 1 else "ddp") if not cfg.sharded else \
-            "zero" if cfg.engine == DEEPSPEED else "fsdp"
+        kind = "tp" if cfg.tensor_parallel > 1 else "split-sequence" if cfg.sequence_split > 1 else (
+            "single" if world == 1 else "ddp") if not cfg.sharded else "zero" if cfg.engine == DEEPSPEED else "fsdp"
         return cls(program=program, gpu=gpu_family(gpu or POOLED), scale=scale, engine=kind, adapter=adapter,
                    liger="liger" if cfg.liger else "no-liger", compiled="compiled" if cfg.compiled else "not-compiled")
 

@@ -86,6 +86,10 @@ BF16_COMPUTE = COMPUTE_DTYPES[0]
 DEFAULT_PRECISION = BF16_MIXED = "bf16-mixed"
 #: The precision request that lets the planner choose.
 AUTO = "auto"
+#: --context-parallel / --sequence-parallel: never split a sequence; `auto` weighs splits from AUTO_SPLIT_FROM tokens
+#: (a search bound, keeping shorter plans' search as it was), a number pins one
+SPLIT_OFF = "off"
+AUTO_SPLIT_FROM = 16384
 #: transformers' `from_pretrained(tp_plan=...)` value that applies the model's own tensor-parallel plan
 TP_PLAN_AUTO = AUTO
 

@@ -17,6 +17,7 @@ from planner.models import resolve_model
 from planner.models.adapters import NF4_FACTS, Adapter
 from planner.models.build import build_meta
 from planner.program.float8 import Float8Linears, converts
+from planner.program.sequence import sequence_split_buffers, sequence_split_share
 from planner.program.trace import trace_activations, trace_sequence_fit
 from planner.program.workload import Workload
 from planner.request import MemoryRequest
@@ -43,12 +44,14 @@ class MemoryTerms(BaseModel):
     nccl_buffers: int = 0          # outside the caching allocator
     error_margin: int = 0          # held back for the model's measured error (planner/uncertainty.py `margin_for`)
     float8_casts: int = 0          # float8 copies alive around a converted layer's GEMMs (planner/program/float8.py)
+    #: a layer's gathered keys and values (ring attention) or all-to-all buffers (Ulysses): `sequence_split_buffers`
+    sequence_buffers: int = 0
 
     @property
     def allocated_overheads(self) -> int:
         """What the caching allocator holds beyond model states and activations."""
         return (self.model_buffers + self.cublas_workspace + self.ddp_buckets + self.zero_buckets
-                + self.allocator_rounding + self.float8_casts)
+                + self.allocator_rounding + self.float8_casts + self.sequence_buffers)
 
     @property
     def outside_allocator(self) -> int:
@@ -189,6 +192,9 @@ class Evaluation:
             whole = cfg.model_copy(update={"tensor_parallel": 1})
             act, used = self.activations(whole, method)
             return int(analytic.tensor_parallel_activations(self.workload, cfg, act)), used
+        if cfg.sequence_split > 1:  # every activation is split on the sequence (`sequence_split_share`)
+            act, used = self.activations(cfg.unsplit(), method)
+            return int(act * sequence_split_share(cfg)), used
         spec, resolved = self.resolved.spec, self.resolved
         req = self.workload.request(cfg)
         if method != ANALYTIC and resolved.config is not None:
@@ -214,6 +220,8 @@ class Evaluation:
         if method == TRACE:
             fit = self._fit(cfg)
             view = AllocatorView(rounding=fit.rounding, slack=fit.slack)
+            if cfg.sequence_split > 1:
+                return view.scaled(sequence_split_share(cfg))
             return view.scaled(analytic.tensor_parallel_share(self.workload, cfg)) if cfg.tensor_parallel > 1 else view
         return AllocatorView(slack=int(facts.get("memory.analytic_slack_fraction") * act))
 
@@ -253,8 +261,11 @@ class Evaluation:
             tensors += ms.host_tensors
         terms = _terms(spec, cfg, ms, view, transient, device, self.gpu, self.gpus_per_node)
         if converts(cfg):
-            casts = Float8Linears.of(spec).transient_bytes(cfg.micro_batch * self.seq_len, cfg.compiled)
+            casts = Float8Linears.of(spec).transient_bytes(cfg.micro_batch * self.seq_len / cfg.sequence_split,
+                                                           cfg.compiled)
             terms = terms.model_copy(update={"float8_casts": casts})
+        if cfg.sequence_split > 1:
+            terms = terms.model_copy(update={"sequence_buffers": sequence_split_buffers(spec, cfg, self.seq_len)})
         peak_allocated = tensors + terms.allocated_overheads
         overhead = terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
         sized = device == "cuda" and not ESTIMATE[method].measured and not ESTIMATE[method].understated

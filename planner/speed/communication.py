@@ -13,6 +13,7 @@ from planner.hardware.efficiency_data import Efficiency
 from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.spec import ModelSpec
 from planner.program.float8 import Float8Linears, converts
+from planner.program.sequence import FP32_BYTES, gathered_kv_bytes, ulysses_exchange_bytes
 from planner.speed.kernels import host_link
 from planner.vocab import CHECKPOINTING, DEEPSPEED, OFFLOAD, TORCH
 
@@ -123,7 +124,7 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
     every micro-step's (deepspeed/runtime/zero/stage_1_and_2.py `reduce_ready_partitions_and_remove_grads`), both
     gathering the updated 16-bit weights after the step (`step`: `all_gather_dp_groups`), which nothing overlaps;
     ZeRO-3 / FSDP gather and reduce-scatter block by block (`sharded_exposed_seconds`), float8 weights in 1 byte."""
-    world, n = cfg.data_parallel, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
+    world, n = cfg.shard_ranks, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
     if world <= 1:
         return 0.0
     # A data-parallel group has per_node / tp ranks on each node (tensor parallelism stays inside a node), so it
@@ -171,3 +172,26 @@ def tensor_parallel_seconds(spec: ModelSpec, cfg: Config, seq_len: int, gpus_per
     nbytes = cfg.micro_batch * seq_len * spec.hidden * width
     passes = 2 + int(CHECKPOINTING[cfg.checkpointing].enabled)
     return spec.layers * 2 * passes * 2 * ring_seconds(nbytes, tp, gpus_per_node, gpu, eff)
+
+
+def sequence_split_seconds(spec: ModelSpec, cfg: Config, seq_len: int, gpus_per_node: int, gpu: GPU,
+                           eff: Efficiency) -> float:
+    """A micro-step's collectives of a split sequence, which attention waits for, per layer. Ring attention under
+    accelerate's default rotation (allgather, accelerate/utils/dataclasses.py:2224-2249) gathers the layer's keys
+    and values before its forward (and its recompute) and again in the backward, then passes their gradients round
+    the ring in fp32 (_attention.py:512-520, :624-627). Ulysses runs four all-to-alls (q, k, v, the output) in the
+    forward, the recompute and the backward (ulysses_sp.py:168-229)."""
+    split = cfg.sequence_split
+    if split <= 1:
+        return 0.0
+    per_node, forwards = min(split, gpus_per_node), 1 + int(CHECKPOINTING[cfg.checkpointing].enabled)
+
+    def collective(nbytes: float) -> float:
+        return ring_seconds(nbytes, split, per_node, gpu, eff)
+
+    if cfg.context_parallel > 1:
+        layer = (forwards + 1) * collective(gathered_kv_bytes(spec, cfg, seq_len)) + collective(
+            gathered_kv_bytes(spec, cfg, seq_len, FP32_BYTES))
+    else:
+        layer = (forwards + 1) * collective(ulysses_exchange_bytes(spec, cfg, seq_len))
+    return spec.layers * layer

@@ -15,9 +15,12 @@ from planner.hardware import GPU
 from planner.hardware.efficiency_data import Efficiency
 from planner.models.spec import ModelSpec
 from planner.program.compiled import BACKWARD, FORWARD, CompileEffect
-from planner.program.profile import Profile
-from planner.speed.communication import communication_seconds, offload_seconds, tensor_parallel_seconds
 from planner.program.float8 import Float8Linears, converts
+from planner.program.profile import Profile
+from planner.program.sequence import sequence_split_share
+from planner.speed.communication import (
+    communication_seconds, offload_seconds, sequence_split_seconds, tensor_parallel_seconds,
+)
 from planner.speed.kernels import (
     MicroStep, dequantize_seconds, float8_cast_time, float8_gemm_change, micro_step,
 )
@@ -178,10 +181,11 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
         profile, blocks = compiled_profile(profile, traced.compile_effect), 0
         residual = facts.get("inductor.compiled_device_residual")
         compile_once = traced.compile_effect.compile_seconds(spec.layers)
-    scale = cfg.micro_batch / traced.micro_batch
+    scale = cfg.micro_batch / traced.micro_batch * sequence_split_share(cfg)  # a rank's share of the tokens
     micro = micro_step(profile, scale, cfg.precision, gpu, eff, blocks, cfg.tensor_parallel, traced.tp_share)
     extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, setup.seq_len,
                                                                                setup.gpus_per_node, gpu, eff)
+    extra += sequence_split_seconds(spec, cfg, setup.seq_len, setup.gpus_per_node, gpu, eff)
     micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
     if converts(cfg):
         micro = _with_float8(micro, setup, cfg, traced, profile, scale)
@@ -207,7 +211,7 @@ def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: Trace
     """A micro-step with its converted GEMMs at the FP8 rate and the float8 casts beside them."""
     float8, gpu, eff = Float8Linears.of(setup.spec), setup.gpu, setup.eff
     gemms = float8_gemm_change(profile, scale, cfg.precision, gpu, eff, float8)
-    casts = float8_cast_time(float8, cfg.micro_batch * setup.seq_len, 2 if cfg.activation_family() in HALF_WEIGHTS
+    casts = float8_cast_time(float8, cfg.micro_batch * setup.seq_len * sequence_split_share(cfg), 2 if cfg.activation_family() in HALF_WEIGHTS
                              else 4, cfg.compiled and traced.compile_effect is not None, gpu, eff)
     return MicroStep(gpu_s=micro.gpu_s + gemms + casts.gpu_s, cpu_s=micro.cpu_s + casts.cpu_s)
 
