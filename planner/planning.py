@@ -255,13 +255,17 @@ def _run_steps(request: PlanRequest, samples_per_step: float, tokens_per_step: f
 def search_space(job: Job) -> SearchSpace:
     request, hardware = job.request, job.hardware
     world = hardware.gpus_per_node * hardware.nodes
-    batch = request.global_batch
-    if batch % world:
-        low, high = nearest_valid_batches(batch, world)
-        raise InputError(f"global batch {batch} is not divisible by {world} GPUs", flag="--batch",
-                         hint=f"Use a multiple of {world}: the nearest are {low} and {high}.")
-    if request.micro_batch and (batch // world) % request.micro_batch:
-        raise InputError(f"micro-batch {request.micro_batch} does not divide the per-GPU batch {batch // world}",
+    batch, splits = request.global_batch, sequence_splits(job)
+    # the data-parallel ranks a sequence split leaves (world / N) take the batch; whole sequences need all of them
+    ranks = [world // n for n in (*((1,) if splits["whole_sequences"] else ()), *splits.get("context_parallel", ()),
+                                   *splits.get("sequence_parallel", ()))]
+    dp = next((r for r in ranks if batch % r == 0), None)
+    if dp is None:
+        low, high = nearest_valid_batches(batch, ranks[0])
+        raise InputError(f"global batch {batch} is not divisible by {ranks[0]} data-parallel GPUs", flag="--batch",
+                         hint=f"Use a multiple of {ranks[0]}: the nearest are {low} and {high}.")
+    if request.micro_batch and (batch // dp) % request.micro_batch:
+        raise InputError(f"micro-batch {request.micro_batch} does not divide the per-GPU batch {batch // dp}",
                          flag="--micro-batch", hint="Pick a divisor of global batch / number of GPUs.")
     offloads = tuple(OFFLOAD) if request.offload == AUTO else (request.offload,)
     return SearchSpace(
@@ -271,7 +275,7 @@ def search_space(job: Job) -> SearchSpace:
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
         micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer, packed_rows=job.packed_rows,
         adapter=job.spec.adapter, tensor_parallel=tensor_parallel_sizes(job.resolved, hardware.gpus_per_node)[0],
-        **sequence_splits(job),
+        **splits,
         compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job),
         liger=_liger(job))
 

@@ -97,6 +97,8 @@ def _splits(space: SearchSpace, rows: int) -> list[Config]:
 
 def _whole_sequence_configs(space: SearchSpace, rows: int) -> list[Config]:
     """Data parallelism (DDP, ZeRO, FSDP) over every GPU, each holding whole sequences."""
+    if rows % space.world_size:
+        return []
     per_gpu = rows // space.world_size
     mbs = [mb for mb in ([space.micro_batch] if space.micro_batch else divisors(per_gpu)) if per_gpu % mb == 0]
     out = []

@@ -104,6 +104,12 @@ def test_splits_are_refused_where_the_libraries_refuse_them(model, fields, flag,
     assert err.value.flag == flag and words in str(err.value)
 
 
+def test_a_batch_smaller_than_the_gpus_trains_with_split_sequences():
+    """One 131,072-token sequence per step on 8 GPUs: only a split of 8 leaves a data-parallel rank for it."""
+    p = plan("meta-llama/Llama-3.2-1B", 1, seq_len=131072, gpu="H100-80GB", gpus_per_node=8, detect=False)
+    assert p.choice.config.sequence_split == 8 and p.choice.config.global_batch == 1
+
+
 def test_auto_weighs_no_split_for_short_sequences():
     p = plan("meta-llama/Llama-3.2-1B", 8, seq_len=4096, **SMALL)
     assert all(c.config.sequence_split == 1 for c in p.candidates)
