@@ -127,7 +127,8 @@ def _git(*args: str) -> str | None:
 
 def committed(row: Row) -> bool:
     """Whether the row's measurement may have been seen before this scoring: it is new only where the last commit
-    shows it was not there (its data file absent, or a file that names its rows by id without this one, or the
+    shows it was not there (its data file absent, or a file that names its rows by id without this one or the data
+    row it is part of, "<id>/<quantity>"; or the
     results file of a GPU run not yet committed). Anything else counts as committed, and without git (a copy of the
     repository) everything does: nothing is shown first-look that might not be."""
     if _git("rev-parse", "HEAD") is None:
@@ -136,7 +137,7 @@ def committed(row: Row) -> bool:
         text = _git("show", f"HEAD:benchmarks/data/{row.data_file}")
         if text is None:
             return False
-        if json.dumps(row.id) in text:
+        if json.dumps(row.id) in text or json.dumps(row.id.split("/")[0]) in text:  # "<data row>/<what>" rows
             return True
         if '"id":' in text:
             return False

@@ -79,6 +79,7 @@ def test_committed_reads_the_last_commit():
         return Row(id=rid, data_file=data_file, source=source, predicted=1, measured=1)
 
     assert evidence.committed(row(some)) and not evidence.committed(row("no-such-row"))
+    assert evidence.committed(row(f"{some}/memory")) and not evidence.committed(row("no-such-row/memory"))
     assert not evidence.committed(row("r", data_file="no-such-file.json"))
     # a file without row ids: its rows' GPU run results, committed or not
     assert evidence.committed(row("r", "gpu_measured_h100.json",
