@@ -80,13 +80,11 @@ def report_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def receipt_rows(receipt: dict) -> list[dict]:
-    """A receipt.json (design.md: "predicted" and "measured" dicts of the same keys) as the report's rows: each
-    quantity predicted (> 0) and measured."""
-    predicted, measured = receipt.get("predicted") or {}, receipt.get("measured") or {}
-    return [{"quantity": key, "predicted": predicted[key], "measured": measured[key]} for key in sorted(predicted)
-            if isinstance(predicted[key], (int, float)) and predicted[key] > 0
-            and isinstance(measured.get(key), (int, float))]
+def receipt_rows(plan) -> list[dict]:
+    """The plan's receipt checks (earlier runs of its model on its GPU) as the report's rows: each quantity as the
+    planner predicts it today, as the run's plan predicted it then, and as measured."""
+    return [{"quantity": c.quantity, "run": c.run, "label": c.label, "predicted": c.predicted, "then": c.predicted_then,
+             "measured": c.measured} for c in plan.receipt_checks]
 
 
 def _matplotlib():
@@ -180,8 +178,10 @@ def _receipts_table(receipts: list[dict]) -> str:
     if not receipts:
         return ""
     rows = "".join(f"<tr><td>{html.escape(str(r['quantity']))}</td>"
+                   f"<td>{html.escape(str(r.get('run') or ''))}</td><td>{html.escape(str(r.get('label') or ''))}</td>"
                    f"<td class=n>{quantity_text(r['quantity'], r['predicted'])}</td>"
+                   f"<td class=n>{quantity_text(r['quantity'], r['then']) if r.get('then') else ''}</td>"
                    f"<td class=n>{quantity_text(r['quantity'], r['measured'])}</td>"
                    f"<td class=n>x{r['measured'] / r['predicted']:.2f}</td></tr>" for r in receipts)
-    return (f"<section><h2>Receipts</h2><table><tr><th>quantity</th><th>predicted</th><th>measured</th>"
-            f"<th>measured / predicted</th></tr>{rows}</table></section>\n")
+    return (f"<section><h2>Receipts</h2><table><tr><th>quantity</th><th>run</th><th>configuration</th><th>predicted today</th>"
+            f"<th>predicted then</th><th>measured</th><th>measured / today</th></tr>{rows}</table></section>\n")

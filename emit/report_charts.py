@@ -299,13 +299,15 @@ def receipts_chart(plan, receipts: list[dict]):
     ratios = [r["measured"] / r["predicted"] for r in receipts]
     ax.scatter(ratios, range(len(receipts)), color="#d62728", zorder=3, gid="points")
     ax.axvline(1.0, color="#222", lw=1, gid="parity-line")
-    ax.set_yticks(range(len(receipts)), [str(r["quantity"]) for r in receipts])
+    ax.set_yticks(range(len(receipts)), [f"{r['quantity']}" + (f" #{r['run']}" if r.get("run") else "")
+                                         for r in receipts])
     ax.invert_yaxis()
     ax.set_xlabel("measured / predicted")
     tips = {"points": [f"{r['quantity']}: predicted {quantity_text(r['quantity'], r['predicted'])}, measured "
                        f"{quantity_text(r['quantity'], r['measured'])} (x{x:.2f})" for r, x in zip(receipts, ratios)]}
-    caption = ("The run's receipts: each quantity measured over predicted (1 = exact), on the band the plan's "
-               "error bar gave for it (peaks: the memory bar; step time and tokens/s: the step-time bar).")
+    caption = ("Earlier runs' receipts (#run): each quantity measured over what the planner predicts today for the "
+               "configuration it ran (1 = exact), on the band the plan's error bar gives for it (peaks: the memory "
+               "bar; step time and tokens/s: the step-time bar).")
     return "receipts", "Measured against predicted", to_svg(fig, "receipts", tips), caption
 
 

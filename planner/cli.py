@@ -181,18 +181,12 @@ def _run(values: dict, run: RunOptions, script_args: list[str]) -> None:
         if run.emit_dir is not None and not report_available():
             _stderr().print('note: plan.html not written: pip install -e ".[report]" writes it')
     if run.report is not None:
-        page = write_report(result, run.report, receipts=_receipt_rows(request, result.hardware.gpu), force=run.force)
+        page = write_report(result, run.report, receipts=receipt_rows(result), force=run.force)
         result = result.model_copy(update={"files": (*result.files, page)})
     command = _launch_command(emit_dir, script_args) if run.launch else None
     _print_plan(result, run.as_json, run.explain)
     if command is not None:
         _launch(command, run.dry_run)
-
-
-def _receipt_rows(request: PlanRequest, gpu: str) -> list[dict]:
-    """--receipts on the page: each quantity of the receipts run on `gpu`, as predicted then and measured."""
-    found = read_receipts([request.receipts], cache=False)[0] if request.receipts else []
-    return [row for r in found if r["plan"]["hardware"]["gpu"] == gpu for row in receipt_rows(r)]
 
 
 def _request(values: dict, run: RunOptions) -> PlanRequest:

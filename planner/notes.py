@@ -65,6 +65,7 @@ NOTE: dict[str, NoteInfo] = {
     "optimizer-client": NoteInfo("the Trainer has no name for the optimizer: the script builds it", True),
     "qlora-not-probed": NoteInfo("QLoRA plans are not probed", False),
     "receipts": NoteInfo("speeds calibrated on receipts of earlier runs on this GPU", True),
+    "receipts-memory": NoteInfo("memory of the chosen family calibrated on receipts of earlier runs on this GPU", True),
     "receipt-skipped": NoteInfo("a receipt file that could not be read", True),
     "probes": NoteInfo("what the probes measured and how the rest was re-timed", False),
     "missing-package": NoteInfo("the plan needs a package that does not import here", True),

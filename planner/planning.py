@@ -30,7 +30,10 @@ from planner.notes import Note, Verdict, note
 from planner.program.float8 import Float8Linears, torchao_missing
 from planner.program.liger import applies, patches_for
 from planner.receipts import read_receipts
-from planner.refine import DEFAULT_PROBE_BUDGET_S, receipt_speeds, refine_with_measurements, retimed
+from planner.refine import (
+    DEFAULT_PROBE_BUDGET_S, gpu_receipts, receipt_memory, receipt_speeds, recalibrated_memory,
+    refine_with_measurements, retimed,
+)
 from planner.render import no_fit_message, suggestion_text
 from planner.request import PlanRequest, flag_of
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, rank, search, speed_of
@@ -39,7 +42,7 @@ from planner.speed.model import SpeedModel
 from planner.suggest import suggestions
 from planner.uncertainty import Stratum, bar_for
 from planner.types import (
-    Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, Requirement,
+    Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, ReceiptCheck, Requirement,
 )
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_SPLIT_FROM, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED,
@@ -107,12 +110,16 @@ def plan_request(request: PlanRequest, *, measure: Callable | None = None, progr
     ranked = search(job.gpu, search_space(job), job.evaluator, job.hardware.budget_bytes,
                     host_budget=job.hardware.host_memory_bytes, speed=job.speed)
     speeds = receipt_speeds(receipts, job.gpu.name)
-    ranked = with_receipts(ranked, speeds) + hardware_rejections(request.precision, job.gpu, ranked[0])
-    notes = search_notes(job, ranked) + receipt_notes(ranked[0], speeds, skipped)
+    memory = receipt_memory(receipts, job.gpu.name, job.spec.name, job.seq_len, job.evaluator.estimate)
+    ranked = with_receipts(ranked, speeds, memory, job.hardware.budget_bytes)
+    ranked += hardware_rejections(request.precision, job.gpu, ranked[0])
+    notes = search_notes(job, ranked) + receipt_notes(ranked[0], speeds, memory, skipped)
+    checks = receipt_checks(receipts, job)
     draft = Plan(model=ModelInfo.of(job.spec, job.seq_len, job.resolved.adapter), hardware=job.hardware,
                  seq_len=job.seq_len, optimizer=request.optimizer, attention=job.attention, choice=ranked[0],
                  candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=notes,
-                 dataset=dataset_summary(job, ranked[0].config), speed_calibrations=tuple(speeds.values()))
+                 dataset=dataset_summary(job, ranked[0].config), speed_calibrations=tuple(speeds.values()),
+                 receipt_checks=checks)
     if not ranked[0].fits:
         levers = suggestions(draft, job.evaluator, job.gpu, request.offload,
                              "max_length" if job.data else "seq_len")
@@ -467,22 +474,43 @@ def hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate
             for p, info in PRECISION.items() if info.in_auto and not info.packages and (problem := gpu.cannot_run(p))]
 
 
-def with_receipts(ranked: list[Candidate], speeds: dict) -> list[Candidate]:
-    """The candidates re-timed by what receipts of earlier runs on this GPU measured (`receipt_speeds`: per precision
-    family; memory as modelled), the fitting ones ranked again."""
-    if not speeds:
+def with_receipts(ranked: list[Candidate], speeds: dict, memory: dict, budget: int) -> list[Candidate]:
+    """The candidates re-timed and their memory recalibrated by what receipts of earlier runs on this GPU measured
+    (`receipt_speeds`: per precision family; `receipt_memory`: per configuration family), the fitting ones ranked
+    again."""
+    if not speeds and not memory:
         return ranked
-    retimed_all = [retimed(c, speeds) for c in ranked]
-    return rank([c for c in retimed_all if c.fits]) + [c for c in retimed_all if not c.fits]
+    updated = [retimed(recalibrated_memory(c, memory, budget), speeds) for c in ranked]
+    return rank([c for c in updated if c.fits]) + [c for c in updated if not c.fits]
 
 
-def receipt_notes(choice: Candidate, speeds: dict, skipped: list[str]) -> tuple[Note, ...]:
-    """What receipts changed in this plan (the chosen family's calibration), and each receipt file skipped."""
+def receipt_checks(receipts: list[dict], job: Job) -> tuple[ReceiptCheck, ...]:
+    """Each earlier run of this model and sequence on this GPU, measured against what the planner predicts today for
+    the configuration it ran (beside what its plan predicted then)."""
+    out = []
+    for run, r in enumerate(gpu_receipts(receipts, job.gpu.name, job.spec.name, job.seq_len), start=1):
+        config = Config.model_validate(r["plan"]["choice"])
+        memory, speed = job.evaluator.estimate(config), job.speed(config)
+        today = {"peak_allocated": memory.peak_allocated, "peak_reserved": memory.peak_reserved,
+                 "peak_process": memory.peak_process, "step_time_s": speed.step_time_s,
+                 "tokens_per_s": speed.tokens_per_s}
+        out += [ReceiptCheck(run=run, label=config.label(), quantity=quantity, predicted=value,
+                             predicted_then=r["predicted"].get(quantity), measured=r["measured"][quantity])
+                for quantity, value in today.items() if r["measured"].get(quantity) and value > 0]
+    return tuple(out)
+
+
+def receipt_notes(choice: Candidate, speeds: dict, memory: dict, skipped: list[str]) -> tuple[Note, ...]:
+    """What receipts changed in this plan (the chosen family's calibrations), and each receipt file skipped."""
     notes = tuple(note("receipt-skipped", why=line) for line in skipped)
     speed = speeds.get(choice.config.precision_family())
     if speed is not None:
         notes += (note("receipts", runs=speed.probes, precision=speed.precision, ratio=speed.micro_step,
                        low=speed.low, high=speed.high),)
+    calib = memory.get(choice.config.family())
+    if calib is not None:
+        notes += (note("receipts-memory", runs=calib.runs, family=Config.family_text(choice.config.family()),
+                       activation_ratio=calib.activation_ratio, slack=calib.allocator_slack),)
     return notes
 
 

@@ -43,8 +43,9 @@ GiB = 2**30
 def predicted(data: dict) -> dict:
     """What plan.json `data` predicted per GPU (memory, bytes) and for the whole run (step time, tokens/s)."""
     memory, speed = data["memory"], data["throughput"]
+    process = memory["peak"] - ((memory.get("terms") or {}).get("error_margin") or 0)  # what nvidia-smi would show
     return {"peak_allocated": memory["peak_allocated"], "peak_reserved": memory["peak_reserved"],
-            "peak_process": memory["peak"], "host_peak": memory.get("cpu_offload_bytes") or None,
+            "peak_process": process, "host_peak": memory.get("cpu_offload_bytes") or None,
             "step_time_s": speed["step_time_s"], "tokens_per_s": speed["tokens_per_s"],
             "real_tokens_per_s": speed.get("real_tokens_per_s")}
 

@@ -141,21 +141,49 @@ def _record(cand: Candidate, result: Measurement) -> ProbeRecord:
 
 def calibration_from(measured: dict) -> dict[tuple, FamilyCalibration]:
     """Per family: measured/predicted activations, and the allocator's measured slack per activation byte."""
+    return family_calibrations([(cand.config, cand.memory, result.peak_allocated, result.peak_reserved)
+                                for cand, result in measured.values() if result.status == OK])
+
+
+def family_calibrations(runs: list[tuple]) -> dict[tuple, FamilyCalibration]:
+    """Per family, from (configuration, its predicted MemoryEstimate, measured peak allocated and reserved) runs: the
+    measured/predicted activations and the allocator's slack per activation byte, the cautious (larger) of each."""
     ratios: dict[tuple, list[tuple[float, float]]] = {}
-    for cand, result in measured.values():
-        if result.status != OK or cand.memory is None or cand.memory.activations <= 0:
+    for config, mem, peak_allocated, peak_reserved in runs:
+        if mem is None or mem.activations <= 0:
             continue
-        mem = cand.memory
         fixed = mem.peak_allocated - mem.activations  # states and allocated overheads, as predicted
-        act = max(1, result.peak_allocated - fixed)
-        slack = max(0, result.peak_reserved - result.peak_allocated)
-        ratios.setdefault(cand.config.family(), []).append((act / mem.activations, slack / act))
-    return {fam: FamilyCalibration(activation_ratio=max(r for r, _ in pairs), allocator_slack=max(s for _, s in pairs))
-            for fam, pairs in ratios.items()}  # the cautious side
+        act = max(1, peak_allocated - fixed)
+        slack = max(0, peak_reserved - peak_allocated)
+        ratios.setdefault(config.family(), []).append((act / mem.activations, slack / act))
+    return {fam: FamilyCalibration(activation_ratio=max(r for r, _ in pairs), allocator_slack=max(s for _, s in pairs),
+                                   runs=len(pairs))
+            for fam, pairs in ratios.items()}
 
 
-def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candidate:
-    """An unprobed candidate of a probed family, its activation and allocator-slack terms corrected."""
+def receipt_memory(receipts: list[dict], gpu: str, model: str, seq_len: int,
+                   estimate: Callable) -> dict[tuple, FamilyCalibration]:
+    """Per configuration family, what GPU receipts of runs of this model and sequence planned for `gpu` measured of
+    memory, against what the planner predicts today for the very configuration each ran (`estimate`): the family's
+    activations and allocator slack are calibrated as a probe would (`family_calibrations`)."""
+    runs = []
+    for r in gpu_receipts(receipts, gpu, model, seq_len):
+        measured = r["measured"]
+        if measured.get("peak_allocated") and measured.get("peak_reserved"):
+            config = Config.model_validate(r["plan"]["choice"])
+            runs.append((config, estimate(config), measured["peak_allocated"], measured["peak_reserved"]))
+    return family_calibrations(runs)
+
+
+def gpu_receipts(receipts: list[dict], gpu: str, model: str | None = None, seq_len: int | None = None) -> list[dict]:
+    """The receipts of runs measured on a CUDA GPU, planned for `gpu` (and, where given, of `model` at `seq_len`)."""
+    return [r for r in receipts if r["plan"]["hardware"]["gpu"] == gpu and (r.get("device") or {}).get("kind") == "cuda"
+            and (model is None or (r["plan"].get("model"), r["plan"].get("seq_len")) == (model, seq_len))]
+
+
+def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int, method: str = "probe-calibrated") -> Candidate:
+    """An unprobed candidate of a probed (or, `method` receipt-calibrated, earlier run) family, its activation and
+    allocator-slack terms corrected."""
     mem = cand.memory
     act = int(mem.activations * calib.activation_ratio)
     slack = int(act * calib.allocator_slack)
@@ -163,7 +191,7 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int) -> Candi
     # measured on this GPU: the model's error margin is replaced by the measurement
     peak = mem.peak + (act - mem.activations) + (slack - mem.terms.allocator_slack) - mem.terms.error_margin
     memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
-                                    "method": "probe-calibrated", "margin_basis": NO_MARGIN, "margin_rows": 0,
+                                    "method": method, "margin_basis": NO_MARGIN, "margin_rows": 0,
                                     "terms": mem.terms.model_copy(update={"allocator_slack": slack,
                                                                           "error_margin": 0})})
     return cand.model_copy(update={"memory": memory, "verdict": Verdict.of_peak(peak, budget, memory.method)})
@@ -191,16 +219,24 @@ def receipt_speeds(receipts: list[dict], gpu: str) -> dict[str, SpeedCalibration
     """Per precision family, the median measured / predicted step time of the GPU runs planned for `gpu`: what
     receipts pin of a plan's speed on that GPU (their memory is left as modelled)."""
     ratios: dict[str, list[float]] = {}
-    for r in receipts:
+    for r in gpu_receipts(receipts, gpu):
         measured, expected = r["measured"].get("step_time_s"), r["predicted"].get("step_time_s")
-        if r["plan"]["hardware"]["gpu"] != gpu or (r.get("device") or {}).get("kind") != "cuda" \
-                or not measured or not expected:
+        if not measured or not expected:
             continue
         family = Config.model_validate(r["plan"]["choice"]).precision_family()
         ratios.setdefault(family, []).append(measured / expected)
     return {family: SpeedCalibration(micro_step=statistics.median(r), optimizer_step=statistics.median(r),
                                      probes=len(r), precision=family, source="receipts", low=min(r), high=max(r))
             for family, r in ratios.items()}
+
+
+def recalibrated_memory(cand: Candidate, memory: dict[tuple, FamilyCalibration], budget: int) -> Candidate:
+    """A candidate whose family earlier runs on this GPU measured (`receipt_memory`), its memory corrected by them;
+    as modelled otherwise."""
+    calib = memory.get(cand.config.family())
+    if calib is None or cand.memory is None or cand.memory.activations <= 0:
+        return cand
+    return _calibrated(cand, calib, budget, "receipt-calibrated")
 
 
 def retimed(cand: Candidate, speeds: dict[str, SpeedCalibration]) -> Candidate:

@@ -23,6 +23,10 @@ _PARTS = (("parameters", "param", "cyan"), ("gradients", "grad", "magenta"),
           ("margin", "margin", "bright_black"))
 
 
+#: the estimate methods corrected by measurements, and by which
+CALIBRATED_BY = {"probe-calibrated": "probes", "receipt-calibrated": "earlier runs' receipts"}
+
+
 def gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
@@ -457,18 +461,18 @@ def verdict_text(v: Verdict) -> str:
         return f"offload needs {gib(v.peak)} of host memory per node > {gib(v.budget)}"
     if v.kind == "states-over":
         return f"model states alone {gib(v.peak)} > budget {gib(v.budget)}"
-    measured, calibrated = v.method == "probe", v.method == "probe-calibrated"
+    measured, calibrated = v.method == "probe", v.method in CALIBRATED_BY
     if v.kind == "fits":
         if measured:
             return f"measured: peak {gib(v.peak)} of {gib(v.budget)} budget"
         if calibrated:
-            return f"fits (calibrated by probes): peak {gib(v.peak)} of {gib(v.budget)}"
+            return f"fits (calibrated by {CALIBRATED_BY[v.method]}): peak {gib(v.peak)} of {gib(v.budget)}"
         return f"fits: peak {gib(v.peak)} of {gib(v.budget)} budget"
     info = ESTIMATE[v.method]
     if measured:
         return f"OOM by measurement: peak {gib(v.peak)} > budget {gib(v.budget)}"
     if calibrated:
-        return f"estimated peak {gib(v.peak)} > budget {gib(v.budget)} (calibrated by probes)"
+        return f"estimated peak {gib(v.peak)} > budget {gib(v.budget)} (calibrated by {CALIBRATED_BY[v.method]})"
     if info.exact:
         return f"OOM by {gib(v.peak - v.budget)}: peak {gib(v.peak)} > budget {gib(v.budget)}"
     if info.lower_bound:
@@ -624,7 +628,11 @@ NOTE_TEXT = {
                                   "(on the machine that trains)."),
     "receipts": lambda v: (f"Speeds calibrated on {v['runs']} run(s) on this GPU ({v['precision']}; receipts): their steps "
                            f"took x{v['ratio']:.2f} the modelled time (x{v['low']:.2f}-x{v['high']:.2f}), so every "
-                           f"{v['precision']} candidate is re-timed by it; memory stays as modelled"),
+                           f"{v['precision']} candidate is re-timed by it"),
+    "receipts-memory": lambda v: (f"Memory calibrated on {v['runs']} run(s) on this GPU ({v['family']}; receipts): "
+                                  f"activations x{v['activation_ratio']:.2f} the model's, allocator slack "
+                                  f"{v['slack']:.0%} of them; their measurement replaces the error margin for every "
+                                  "candidate of that family"),
     "receipt-skipped": lambda v: f"A receipt was not read: {v['why']}",
     "probes": lambda v: (f"Probes: {v['run']} run ({v['cached']} from cache) in {v['seconds']:.0f} s; {v['confirmed']} "
                          "confirmed by measurement; unprobed candidates of a probed precision re-timed with its "

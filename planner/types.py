@@ -160,6 +160,7 @@ class FamilyCalibration(BaseModel):
 
     activation_ratio: float
     allocator_slack: float
+    runs: int = 1     # the probes or receipts it is from
 
 
 class SpeedCalibration(BaseModel):
@@ -253,6 +254,20 @@ class Requirement(BaseModel):
     install: str
 
 
+class ReceiptCheck(BaseModel):
+    """One quantity an earlier run on this plan's GPU measured (planner/receipts.py): what its plan predicted then,
+    what the planner predicts today for the same configuration, and the measurement."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run: int            # which receipt, counted from 1
+    label: str          # the configuration it ran
+    quantity: str       # a receipts.QUANTITIES name
+    predicted_then: float | None
+    predicted: float
+    measured: float
+
+
 class Plan(BaseModel):
     """The chosen configuration, why, and every candidate considered."""
 
@@ -276,6 +291,7 @@ class Plan(BaseModel):
     calibration: dict[str, FamilyCalibration] = {}
     speed_calibration: SpeedCalibration | None = None  # the choice's precision family's (None: not probed)
     speed_calibrations: tuple[SpeedCalibration, ...] = ()  # every probed precision family's
+    receipt_checks: tuple[ReceiptCheck, ...] = ()  # earlier runs of this model on this GPU against today's model
 
     def explain(self, width: int = 100) -> str:
         """The plan as `plan` prints it (the choice, why the alternatives lost, the notes), as plain text."""
@@ -318,6 +334,7 @@ class Plan(BaseModel):
             "calibration": {k: v.model_dump() for k, v in self.calibration.items()},
             "speed_calibration": self.speed_calibration.model_dump() if self.speed_calibration else None,
             "speed_calibrations": [c.model_dump() for c in self.speed_calibrations],
+            "receipt_checks": [c.model_dump() for c in self.receipt_checks],
             "files": list(self.files),
         }
 

@@ -533,6 +533,8 @@ ESTIMATE: dict[str, EstimateInfo] = {
                                 True),
     "probe": EstimateInfo("measured on the GPU by a probe", True, False, False, True),
     "probe-calibrated": EstimateInfo("estimate corrected by probes of the same family", False, False, False, True),
+    "receipt-calibrated": EstimateInfo("estimate corrected by receipts of earlier runs of the same family on this GPU",
+                                       False, False, False, True),
 }
 EstimateMethod = Literal[tuple(ESTIMATE)]  # type: ignore[valid-type]
 

@@ -97,10 +97,15 @@ def test_a_run_outside_the_error_bar_says_so_once(caplog):
     assert [r.getMessage() for r in caplog.records] == lines  # at once, and once
 
 
-def _write(folder, data: dict, step: float, kind: str = "cuda", name: str = "r1.json") -> None:
+def _write(folder, data: dict, step: float, kind: str = "cuda", name: str = "r1.json", memory: dict | None = None
+           ) -> None:
+    """A receipt of the plan `data`: steps `step` x the predicted time, and the peaks in `memory` (None: none measured,
+    a receipt that pins speed alone)."""
     folder.mkdir(parents=True, exist_ok=True)
+    measured = {**_gpu_measured(data, step=step), "peak_allocated": None, "peak_reserved": None, "peak_process": None,
+                **(memory or {})}
     receipt = {"schema": 1, "plan": receipts.plan_summary(data), "predicted": receipts.predicted(data),
-               "measured": _gpu_measured(data, step=step), "device": {"kind": kind}}
+               "measured": measured, "device": {"kind": kind}}
     (folder / name).write_text(json.dumps(receipt))
 
 
@@ -124,6 +129,34 @@ def test_the_next_plan_is_retimed_by_its_receipts_and_nothing_else(tmp_path, cac
     assert second.to_json()["speed_calibrations"][0]["source"] == "receipts"
     other = planner.plan("gpt2", 32, receipts=str(team), **{**ask, "gpu": "H100-80GB"})
     assert "receipts" not in [n.kind for n in other.notes]  # another GPU's runs say nothing of this one
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_receipt_that_measured_memory_calibrates_its_family_and_nothing_else(tmp_path, cache):
+    ask = dict(gpu="A100-80GB", seq_len=512, detect=False, liger="off")
+    first = planner.plan("gpt2", 32, **ask)
+    data, chosen = first.to_json(), first.choice
+    grown = chosen.memory.peak_allocated + GiB  # the run kept 1 GiB more activations than modelled
+    _write(tmp_path / "team", data, step=1.0, memory={"peak_allocated": grown, "peak_reserved": grown + GiB // 4,
+                                                      "peak_process": grown + GiB})
+    second = planner.plan("gpt2", 32, receipts=str(tmp_path / "team"), **ask)
+    family = chosen.config.family()
+    same = {c.config: c for c in second.candidates if c.memory and c.config.family() == family}
+    mem = same[chosen.config].memory
+    assert mem.method == "receipt-calibrated" and mem.peak_allocated == pytest.approx(grown, rel=1e-6)
+    assert mem.peak_reserved == pytest.approx(grown + GiB // 4, rel=1e-3) and mem.terms.error_margin == 0
+    before = {c.config: c for c in first.candidates}
+    for cand in second.candidates:  # other families as modelled; every speed as modelled
+        if cand.memory and cand.config.family() != family and before[cand.config].memory:
+            assert cand.memory == before[cand.config].memory
+        if cand.throughput and before[cand.config].throughput:
+            assert cand.throughput.tokens_per_s == before[cand.config].throughput.tokens_per_s
+    assert second.choice.config.family() == family and "receipts-memory" in [n.kind for n in second.notes]
+    checks = {c.quantity: c for c in second.receipt_checks}
+    assert checks["peak_allocated"].measured == grown
+    assert checks["peak_allocated"].predicted == chosen.memory.peak_allocated  # today's model of that configuration
+    assert checks["peak_allocated"].predicted_then == chosen.memory.peak_allocated
 
 
 @pytest.mark.slow

@@ -210,11 +210,18 @@ def test_the_destination_and_the_extra_are_checked_before_planning(tmp_path, mon
     assert 'pip install -e ".[report]"' in err.value.hint
 
 
-def test_a_receipt_file_becomes_rows_of_what_was_both_predicted_and_measured():
-    receipt = {"schema": 1, "predicted": {"peak_allocated": 2e9, "step_time_s": 0.5, "peak_process": 0},
-               "measured": {"peak_allocated": 1.9e9, "step_time_s": 0.62, "tokens_per_s": 1.0}}
-    assert receipt_rows(receipt) == [{"quantity": "peak_allocated", "predicted": 2e9, "measured": 1.9e9},
-                                     {"quantity": "step_time_s", "predicted": 0.5, "measured": 0.62}]
+def test_the_plans_receipt_checks_become_rows_of_today_then_and_measured(planned, drawing):
+    from planner.types import ReceiptCheck
+
+    checks = (ReceiptCheck(run=1, label="mb 2", quantity="peak_reserved", predicted_then=2.2e9, predicted=2e9,
+                           measured=1.9e9),
+              ReceiptCheck(run=1, label="mb 2", quantity="step_time_s", predicted_then=None, predicted=0.5,
+                           measured=0.62))
+    rows = receipt_rows(planned.model_copy(update={"receipt_checks": checks}))
+    assert [(r["quantity"], r["predicted"], r["then"], r["measured"]) for r in rows] == [
+        ("peak_reserved", 2e9, 2.2e9, 1.9e9), ("step_time_s", 0.5, None, 0.62)]
+    page = report_html(planned, receipts=rows)
+    assert "predicted today" in page and "predicted then" in page and "x0.95" in page
 
 
 @pytest.mark.parametrize("row", [{"quantity": "x"}, {"quantity": "x", "predicted": 0, "measured": 1},
