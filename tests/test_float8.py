@@ -56,6 +56,38 @@ def test_the_counted_layers_are_the_ones_accelerate_converts():
     assert sum(isinstance(m, torch.nn.Linear) for m in model.modules()) == sum(t for *_x, t in counted)
 
 
+def test_the_cast_rule_matches_a_trace_of_torchaos_float8_linear():
+    """torchao's Float8Linear, forward and backward under FakeTensor, recorded op by op as the planner records a
+    step: the memory-bound traffic and kernels it adds over nn.Linear are what `Float8Linears.cast_traffic` charges
+    an eager step (the GEMMs stay three)."""
+    pytest.importorskip("torchao", reason="torchao (the fp8 extra) is not installed")
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchao.float8 import convert_to_float8_training
+
+    from planner.program.profile import OpRecorder
+
+    tokens, k, n = 256, 128, 512
+
+    def traced(float8: bool):
+        with FakeTensorMode():
+            layer = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+            layer = convert_to_float8_training(layer) if float8 else layer
+            x = torch.randn(1, tokens, k, dtype=torch.bfloat16, requires_grad=True)
+            recorder = OpRecorder(1, tokens)
+            with recorder:
+                y = layer(x)
+                recorder.phase = "backward"
+                y.sum().backward()
+        memory = recorder.profile.memory.values()
+        return sum(v[0] + v[1] for v in memory), sum(v[2] for v in memory), len(recorder.profile.matmuls)
+
+    (plain, plain_kernels, gemms), (cast, cast_kernels, float8_gemms) = traced(False), traced(True)
+    rule, launches = Float8Linears(((k, n, 1, 1),)).cast_traffic(tokens, 2, compiled=False)
+    assert cast - plain == pytest.approx(rule, rel=0.1) and cast_kernels - plain_kernels == launches
+    assert gemms == float8_gemms == 3
+
+
 def test_a_float8_gemm_is_faster_by_at_most_the_peaks_ratio():
     gpu = lookup_gpu("H100-80GB")
     eff = efficiency_of(gpu)
