@@ -521,7 +521,7 @@ def search_notes(job: Job, ranked: list[Candidate]) -> tuple[Note, ...]:
     if job.resolved.variant_of:
         notes.append(note("preset-variant", name=job.spec.name, base=job.resolved.variant_of))
     if request.precision == AUTO and any(gpu.cannot_run(p) for p, info in PRECISION.items()
-                                         if info.in_auto and info.autocast):
+                                         if info.in_auto and info.autocast and not info.float8):
         notes.append(note("no-bf16", gpu=gpu.name, compute_capability=gpu.compute_capability))
     notes += _tf32_note(job, choice) + _parallelism_notes(job, ranked) + _host_note(hardware, choice)
     notes += _moe_note(job.spec, choice) + _adapter_notes(job) + _qlora_notes(job) + _liger_notes(job, choice)
@@ -621,7 +621,10 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
     if job.request.precision not in (AUTO, fp8) or job.gpu.cannot_run(fp8) or not choice.fits:
         return []
     if job.request.precision == AUTO and torchao_missing():
-        return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
+        if choice.config.adapter_problem(job.spec.adapter) is None and not choice.config.model_copy(
+                update={"precision": fp8}).adapter_problem(job.spec.adapter):
+            return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
+        return []
     linears = Float8Linears.of(job.spec)
     if choice.config.precision == fp8:
         other = choice.config.model_copy(update={"precision": BF16_MIXED})

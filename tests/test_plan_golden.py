@@ -61,13 +61,15 @@ PROSE = {"notes", "reason", "note", "network_source", "error", "suggestions", "h
 
 
 def run(name: str) -> tuple[int, dict]:
-    """The plan as on a machine with every extra installed (`requirements[].installed` would else record this one)
-    and without receipts of earlier runs."""
+    """The plan as on a machine with every extra installed (`requirements[].installed` would else record this one),
+    `--precision auto` not weighing fp8 (as where torchao is absent: tests/conftest.py), and without receipts of
+    earlier runs."""
     from planner import planning
     from planner.cli import app
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(planning, "installed", lambda module: True)
+        patch.setattr(planning, "torchao_missing", lambda: "torchao is treated as absent by the golden plans")
         result = CliRunner().invoke(app, [*SCENARIOS[name], "--json", "--no-probe", "--no-cached-receipts"])
     return result.exit_code, json.loads(result.stdout)
 
