@@ -615,8 +615,9 @@ def _liger_notes(job: Job, choice: Candidate) -> list[Note]:
 
 def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
     """Where float8 could run on this GPU: what it converts and what it changes against bf16-mixed on the chosen
-    configuration; where it lost, its fastest configuration against the choice (and, eager, what compiling it
-    would give); where `auto` left it out only because torchao is not installed here, that it would apply."""
+    configuration; where it lost, its fastest configuration against the choice (and, eager where compiling was not
+    weighed, that compiling fuses its casts); where `auto` left it out only because torchao is not installed here,
+    that it would apply."""
     fp8, choice = next(p for p, info in PRECISION.items() if info.float8), ranked[0]
     if job.request.precision not in (AUTO, fp8) or job.gpu.cannot_run(fp8) or not choice.fits:
         return []
@@ -637,13 +638,11 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
     if not lost:
         return [note("fp8-not-planned", why=choice.config.model_copy(update={"precision": fp8}).problem()
                      or choice.config.adapter_problem(job.spec.adapter) or "no fp8 configuration fits")]
-    best = lost[0]
-    compiled = None if best.config.compiled else job.speed(best.config.model_copy(update={"compiled": True}))
-    faster = compiled is not None and compiled.useful_tokens_per_s > best.throughput.useful_tokens_per_s
+    best = lost[0]  # compiling it is not timed here: analysing the compiled program takes seconds
     return [note("fp8-lost", converted=linears.converted_layers, linears=linears.total_layers,
                  label=best.config.label(), tokens_per_s=best.throughput.useful_tokens_per_s,
-                 chosen_tokens_per_s=choice.throughput.useful_tokens_per_s,
-                 compiled_tokens_per_s=compiled.useful_tokens_per_s if faster else None)]
+                 chosen_tokens_per_s=choice.throughput.useful_tokens_per_s, eager=not best.config.compiled,
+                 compile_weighed=True in _compiled(job.request.compile, job.run_steps))]
 
 
 def _qlora_notes(job: Job) -> list[Note]:

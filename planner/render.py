@@ -571,9 +571,8 @@ NOTE_TEXT = {
     "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
                            f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
                            f"against {fmt_tokens(v['chosen_tokens_per_s'])}"
-                           + (f"; its float8 casts run unfused in eager mode: compiled (--compile on, or "
-                              f"--train-steps to let auto weigh it) it would run "
-                              f"{fmt_tokens(v['compiled_tokens_per_s'])} tokens/s." if v["compiled_tokens_per_s"]
+                           + ("; eager, its float8 casts run unfused: torch.compile fuses them (--compile on, or "
+                              "--train-steps to let auto weigh it)." if v["eager"] and not v["compile_weighed"]
                               else ".")),
     "sequence-split": lambda v: (
         (f"Each sequence is split {v['split']} ways, as asked" if v["whole"] is None and v["pinned"] else
