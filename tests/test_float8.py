@@ -152,3 +152,34 @@ def test_auto_weighs_fp8_only_where_torchao_is_installed(monkeypatch):
     present = plan("Qwen/Qwen2.5-0.5B", 16, **request)
     assert [c for c in present.candidates if c.config.precision == "fp8" and c.fits]
     assert {"fp8", "fp8-lost"} & {n.kind for n in present.notes}
+
+
+def test_the_emitted_fp8_settings_build_accelerates_torchao_recipe(fp8_plan, tmp_path, monkeypatch):
+    """With the launcher's environment, accelerate's own AORecipeKwargs (what its AO backend converts with) takes the
+    plan's settings: tensorwise scaling, the float8 all-gather under FSDP2, padded inner dimensions."""
+    pytest.importorskip("torchao", reason="torchao (the fp8 extra) is not installed")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import AORecipeKwargs
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    choice = next(c for c in fp8_plan.candidates if c.fits and c.config.engine == "fsdp")
+    fp8_plan.model_copy(update={"choice": choice}).emit(tmp_path)
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
+        ["--config_file", str(tmp_path / "accelerate_config.yaml"), "train.py"]))
+    for key, value in prepare_multi_gpu_env(args).items():
+        if key.startswith("ACCELERATE_FP8_"):
+            monkeypatch.setenv(key, value)
+    config = AORecipeKwargs().config
+    assert config.enable_fsdp_float8_all_gather and config.pad_inner_dim
+    assert config.cast_config_weight.scaling_granularity.value == "tensorwise"
+
+
+@pytest.mark.long
+def test_llama_8b_on_8_h100s_weighs_fp8_where_torchao_is_installed(monkeypatch):
+    """The issue's request: with torchao installed, auto plans fp8 beside bf16-mixed, within physics, and says what
+    it changes (chosen) or what it would have run (lost)."""
+    monkeypatch.setattr(planner.planning, "torchao_missing", lambda: None)
+    p = plan("meta-llama/Llama-3.1-8B", 256, seq_len=8192, gpus_per_node=8, **H100)
+    weighed = [c for c in p.candidates if c.config.precision == "fp8"]
+    assert [c for c in weighed if c.fits] and not [c for c in p.candidates if c.verdict.kind == "invalid"]
+    assert {"fp8", "fp8-lost"} & {n.kind for n in p.notes}
