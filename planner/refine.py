@@ -141,24 +141,30 @@ def _record(cand: Candidate, result: Measurement) -> ProbeRecord:
 
 def calibration_from(measured: dict) -> dict[tuple, FamilyCalibration]:
     """Per family: measured/predicted activations, and the allocator's measured slack per activation byte."""
-    return family_calibrations([(cand.config, cand.memory, result.peak_allocated, result.peak_reserved)
+    return family_calibrations([(cand.config, cand.memory, result.peak_allocated, result.peak_reserved, None)
                                 for cand, result in measured.values() if result.status == OK])
 
 
 def family_calibrations(runs: list[tuple]) -> dict[tuple, FamilyCalibration]:
-    """Per family, from (configuration, its predicted MemoryEstimate, measured peak allocated and reserved) runs: the
-    measured/predicted activations and the allocator's slack per activation byte, the cautious (larger) of each."""
-    ratios: dict[tuple, list[tuple[float, float]]] = {}
-    for config, mem, peak_allocated, peak_reserved in runs:
+    """Per family, from (configuration, its predicted MemoryEstimate, measured peak allocated, reserved and process
+    total or None) runs: the measured/predicted activations, the allocator's slack per activation byte and the bytes
+    outside the allocator, the cautious (larger) of each."""
+    found: dict[tuple, list[tuple[float, float, int | None]]] = {}
+    for config, mem, peak_allocated, peak_reserved, process in runs:
         if mem is None or mem.activations <= 0:
             continue
         fixed = mem.peak_allocated - mem.activations  # states and allocated overheads, as predicted
         act = max(1, peak_allocated - fixed)
         slack = max(0, peak_reserved - peak_allocated)
-        ratios.setdefault(config.family(), []).append((act / mem.activations, slack / act))
-    return {fam: FamilyCalibration(activation_ratio=max(r for r, _ in pairs), allocator_slack=max(s for _, s in pairs),
-                                   runs=len(pairs))
-            for fam, pairs in ratios.items()}
+        outside = max(0, process - peak_reserved) if process else None
+        found.setdefault(config.family(), []).append((act / mem.activations, slack / act, outside))
+    out = {}
+    for fam, runs_ in found.items():
+        outside = [o for _, _, o in runs_ if o is not None]
+        out[fam] = FamilyCalibration(activation_ratio=max(r for r, _, _ in runs_),
+                                     allocator_slack=max(s for _, s, _ in runs_), runs=len(runs_),
+                                     outside=max(outside) if outside else None)
+    return out
 
 
 def receipt_memory(receipts: list[dict], gpu: str, model: str, seq_len: int,
@@ -171,7 +177,8 @@ def receipt_memory(receipts: list[dict], gpu: str, model: str, seq_len: int,
         measured = r["measured"]
         if measured.get("peak_allocated") and measured.get("peak_reserved"):
             config = Config.model_validate(r["plan"]["choice"])
-            runs.append((config, estimate(config), measured["peak_allocated"], measured["peak_reserved"]))
+            runs.append((config, estimate(config), measured["peak_allocated"], measured["peak_reserved"],
+                         measured.get("peak_process")))
     return family_calibrations(runs)
 
 
@@ -184,16 +191,21 @@ def gpu_receipts(receipts: list[dict], gpu: str, model: str | None = None, seq_l
 def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int, method: str = "probe-calibrated") -> Candidate:
     """An unprobed candidate of a probed (or, `method` receipt-calibrated, earlier run) family, its activation and
     allocator-slack terms corrected."""
-    mem = cand.memory
+    mem, terms = cand.memory, cand.memory.terms
     act = int(mem.activations * calib.activation_ratio)
     slack = int(act * calib.allocator_slack)
     peak_allocated = mem.peak_allocated + act - mem.activations
+    # what the runs measured outside the allocator, where they did, stands for the modelled context and NCCL buffers
+    context = terms.cuda_context if calib.outside is None else max(0, calib.outside - terms.nccl_buffers)
+    nccl = terms.nccl_buffers if calib.outside is None else calib.outside - context
     # measured on this GPU: the model's error margin is replaced by the measurement
-    peak = mem.peak + (act - mem.activations) + (slack - mem.terms.allocator_slack) - mem.terms.error_margin
+    peak = mem.peak + (act - mem.activations) + (slack - terms.allocator_slack) - terms.error_margin + (
+        context + nccl - terms.outside_allocator)
+    terms = terms.model_copy(update={"allocator_slack": slack, "error_margin": 0, "cuda_context": context,
+                                     "nccl_buffers": nccl})
     memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
-                                    "method": method, "margin_basis": NO_MARGIN, "margin_rows": 0,
-                                    "terms": mem.terms.model_copy(update={"allocator_slack": slack,
-                                                                          "error_margin": 0})})
+                                    "method": method, "margin_basis": NO_MARGIN, "margin_rows": 0, "terms": terms,
+                                    "overhead": terms.allocated_overheads + slack + terms.outside_allocator})
     return cand.model_copy(update={"memory": memory, "verdict": Verdict.of_peak(peak, budget, memory.method)})
 
 

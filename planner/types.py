@@ -161,6 +161,9 @@ class FamilyCalibration(BaseModel):
     activation_ratio: float
     allocator_slack: float
     runs: int = 1     # the probes or receipts it is from
+    #: bytes the runs measured outside the caching allocator (NVML's process total less max_memory_reserved: the CUDA
+    #: context, NCCL's buffers), the largest; None where they did not measure it (probes)
+    outside: int | None = None
 
 
 class SpeedCalibration(BaseModel):

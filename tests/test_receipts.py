@@ -146,6 +146,10 @@ def test_a_receipt_that_measured_memory_calibrates_its_family_and_nothing_else(t
     mem = same[chosen.config].memory
     assert mem.method == "receipt-calibrated" and mem.peak_allocated == pytest.approx(grown, rel=1e-6)
     assert mem.peak_reserved == pytest.approx(grown + GiB // 4, rel=1e-3) and mem.terms.error_margin == 0
+    assert mem.peak_process == pytest.approx(grown + GiB, rel=1e-3)  # NVML's total: context and NCCL as measured
+    terms = mem.terms
+    assert mem.peak == mem.peak_process
+    assert mem.overhead == terms.allocated_overheads + terms.allocator_slack + terms.outside_allocator
     before = {c.config: c for c in first.candidates}
     for cand in second.candidates:  # other families as modelled; every speed as modelled
         if cand.memory and cand.config.family() != family and before[cand.config].memory:
