@@ -119,6 +119,8 @@ def test_an_fp8_plan_is_read_by_accelerate_and_the_trainer(fp8_plan, tmp_path, m
     fp8_plan.model_copy(update={"choice": choice}).emit(tmp_path)
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
         ["--config_file", str(tmp_path / "accelerate_config.yaml"), "train.py"]))
+    # the launcher refuses fp8 where no FP8 library imports (utils/launch.py:285-290), as the plan's requirements say
+    monkeypatch.setattr("accelerate.utils.launch.is_fp8_available", lambda: True)
     env = prepare_multi_gpu_env(args)
     assert (env["ACCELERATE_MIXED_PRECISION"], env["ACCELERATE_FP8_BACKEND"]) == ("fp8", "AO")
     assert env["ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER"] == "True"
