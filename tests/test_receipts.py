@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 import transformers
@@ -62,6 +63,34 @@ def test_a_trainer_run_with_the_callback_writes_its_receipt(tmp_path, cache):
     assert measured["peak_reserved"] is None  # a CPU has no CUDA counters: not measured, not made up
     assert str(tmp_path) not in json.dumps(receipt)  # no paths
     assert [json.loads(f.read_text()) for f in (cache / "receipts").glob("*.json")] == [receipt]
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_shipped_probes_train_writes_a_receipt_its_parent_can_check(tmp_path, cache):
+    """`python -m probes.train` under a parent that waits for it: the kernel's record of the child's peak RSS
+    (getrusage RUSAGE_CHILDREN, read by the parent) is the instrument the receipt's host_peak is checked against."""
+    import os
+    import subprocess
+    import sys
+
+    from tiny import tiny_llama
+
+    model = tiny_llama(tmp_path / "tiny-llama")
+    p = planner.plan(str(model), 4, gpu="A100-80GB", seq_len=32, precision="fp32", zero_stage=0, detect=False)
+    p.emit(tmp_path / "run")
+    parent = ("import resource, subprocess, sys; subprocess.run([sys.executable, '-m', 'probes.train', '--plan', "
+              f"{str(tmp_path / 'run')!r}, '--steps', '4', '--warmup', '1'], check=True); "
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    instrument = int(done.stdout.strip().splitlines()[-1])
+    receipt = json.loads((tmp_path / "run" / "receipt.json").read_text())
+    assert receipt["predicted"] == receipts.predicted(json.loads((tmp_path / "run" / "plan.json").read_text()))
+    assert receipt["measured"]["host_peak"] == pytest.approx(instrument, rel=0.01)
+    assert receipt["device"]["kind"] == "cpu" and str(tmp_path) not in json.dumps(receipt)
 
 
 def test_a_loop_without_the_trainer_takes_a_receipt_with_the_context_manager(tmp_path, cache):
