@@ -23,6 +23,7 @@ from planner.memory import states
 from planner.memory.analytic import tensor_parallel_activations
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.notes import Verdict
+from planner.program.sequence import sequence_split_share
 from planner.speed.model import SpeedModel
 from planner.types import Candidate
 from planner.vocab import (
@@ -203,8 +204,8 @@ class MemoryEvaluator:
         return self.packed if self.packed is not None and cfg.padding == PACKING else self.evaluation
 
     def _family(self, cfg: Config) -> tuple:
-        """Candidates whose unsplit model's activations come from one traced program (a tensor-parallel rank keeps
-        its share of them)."""
+        """Candidates whose unsplit model's activations come from one traced program (a tensor-parallel rank, or a
+        rank of a split sequence, keeps its share of them)."""
         return cfg.trace_family() + (self.of(cfg).seq_len,)
 
 
@@ -216,7 +217,7 @@ class MemoryEvaluator:
         evaluation = self.of(cfg)
         act, used = evaluation.activations(cfg, method or self.method)
         if used == TRACE:  # the unsplit model's traced and formula activations (the trace is cached)
-            whole = cfg.model_copy(update={"tensor_parallel": 1})
+            whole = cfg.unsplit().model_copy(update={"tensor_parallel": 1})
             point = tuple(evaluation.activations(whole, m)[0] for m in (TRACE, ANALYTIC))
             self.calibration.setdefault(self._family(cfg), {})[cfg.micro_batch] = point
         return evaluation.combine(cfg, act, used)
@@ -228,10 +229,12 @@ class MemoryEvaluator:
         if not traced:
             act, _ = evaluation.activations(cfg, ANALYTIC)
             return evaluation.combine(cfg, act, ANALYTIC), False
-        whole, _ = evaluation.activations(cfg.model_copy(update={"tensor_parallel": 1}), ANALYTIC)
+        whole, _ = evaluation.activations(cfg.unsplit().model_copy(update={"tensor_parallel": 1}), ANALYTIC)
         act = calibrated(traced, cfg.micro_batch, whole)
         if cfg.tensor_parallel > 1:
             act = int(tensor_parallel_activations(evaluation.workload, cfg, act))
+        if cfg.sequence_split > 1:
+            act = int(act * sequence_split_share(cfg))
         return evaluation.combine(cfg, act, "analytic-calibrated"), True
 
     def states_only(self, cfg: Config) -> MemoryEstimate:
