@@ -189,3 +189,34 @@ def test_the_liger_tensor_parallel_plan_that_broke_physics(liger):
     assert not [c for c in p.candidates if c.verdict.kind == "invalid"]
     assert 0 < p.choice.memory.activations < p.choice.memory.peak <= p.hardware.budget_bytes
     assert 0 < p.choice.throughput.hfu < 1
+
+
+@st.composite
+def long_requests(draw):
+    """fp8 and split sequences: small decoders at long sequences on FP8-capable and older GPUs."""
+    model = draw(st.sampled_from(["meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B"]))
+    gpus = draw(st.sampled_from([2, 4, 8]))
+    fields = dict(gpu=draw(st.sampled_from(["H100-80GB", "A100-80GB", "L40S-48GB"])), gpus_per_node=gpus,
+                  seq_len=draw(st.sampled_from([16384, 32768])), precision=draw(st.sampled_from(["auto", "fp8"])),
+                  context_parallel=draw(st.sampled_from(["auto", "2", "off"])), liger="off")
+    return model, gpus * draw(st.sampled_from([1, 2])), fields
+
+
+@settings(max_examples=int(os.environ.get("TRAINPLAN_ZOO_EXAMPLES", 8)), deadline=None, derandomize=True,
+          phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(request=long_requests())
+@pytest.mark.long
+def test_every_fp8_and_split_sequence_candidate_obeys_physics(request, monkeypatch):
+    import planner.planning
+
+    monkeypatch.setattr(planner.planning, "torchao_missing", lambda: None)  # auto weighs fp8 too
+    model, batch, fields = request
+    try:
+        candidates = plan(model, batch, detect=False, **fields).candidates
+    except NoFitError as err:
+        candidates = err.plan.candidates if err.plan is not None else ()
+    except InputError:  # fp8 on an A100, a split the sequence or heads do not allow
+        reject()
+    broken = [f"{c.config.label()}: {c.reason}" for c in candidates if c.verdict.kind == "invalid"]
+    assert not broken, "\n".join(broken[:5])
