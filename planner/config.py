@@ -263,12 +263,14 @@ class Config(BaseModel):
     # --- ranking and display
     def structure(self) -> int:
         """Moving parts of the training program's structure: a sharding engine over DDP, offload, tensor
-        parallelism (what `search.rank` prefers fewer of unless the speed model can tell them apart)."""
+        parallelism, a split sequence (what `search.rank` prefers fewer of unless the speed model can tell them
+        apart)."""
         return int(self.sharded) + OFFLOAD[self.offload].moving_parts + int(self.tensor_parallel > 1) + int(
             self.sequence_split > 1)
 
     def complexity(self) -> int:
-        """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, compilation."""
+        """Moving parts, for tie-breaks: sharding, offload, recompute, loss scaling, accumulation, TP, split
+        sequences, compilation, Liger, packing."""
         return (self.zero_stage + OFFLOAD[self.offload].moving_parts + CHECKPOINTING[self.checkpointing].moving_parts
                 + int(PRECISION[self.precision].loss_scaling) + int(self.grad_accum > 1)
                 + 2 * (self.tensor_parallel > 1) + 2 * (self.sequence_split > 1) + int(self.compiled) + int(self.liger)

@@ -338,9 +338,11 @@ def _precisions(precision: str, gpu, attention: str, spec) -> tuple[str, ...]:
     here and converts some of the model's layers), else the one asked for, if the GPU can run it (with the attention
     implementation asked for)."""
     converted = Float8Linears.of(spec).converted_layers
-    wanted = [p for p, info in PRECISION.items() if info.in_auto and not (info.float8 and (torchao_missing() or
-                                                                                            not converted))] \
-        if precision == AUTO else [precision]
+    if precision == AUTO:
+        wanted = [p for p, info in PRECISION.items()
+                  if info.in_auto and not (info.float8 and (torchao_missing() or not converted))]
+    else:
+        wanted = [precision]
     if PRECISION[wanted[0]].float8 and not converted:
         raise InputError(f"accelerate's float8 filter converts none of {spec.name}'s layers: torchao swaps nn.Linear "
                          "layers whose dimensions divide by 16, not the first or the last", flag="--precision",
@@ -553,8 +555,8 @@ def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
         notes.append(note("sequence-split", by="context" if cfg.context_parallel > 1 else "sequence",
                           split=cfg.sequence_split, seq_len=job.seq_len, per_gpu=job.seq_len // cfg.sequence_split,
                           gpus=job.hardware.gpus_per_node * job.hardware.nodes, gpu=job.gpu.name,
-                          whole=whole.config.label() if whole else None, pinned=not job.request.context_parallel
-                          == job.request.sequence_parallel == AUTO,
+                          whole=whole.config.label() if whole else None,
+                          pinned=any(job.request.split_sizes(field) for field in SPLIT_FIELDS),
                           speedup=speed_of(choice) / speed_of(whole) if whole else None))
     if job.hardware.nodes > 1 and choice.fits:
         notes.append(note("no-pipeline"))
@@ -622,10 +624,9 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
     if job.request.precision not in (AUTO, fp8) or job.gpu.cannot_run(fp8) or not choice.fits:
         return []
     if job.request.precision == AUTO and torchao_missing():
-        if choice.config.adapter_problem(job.spec.adapter) is None and not choice.config.model_copy(
-                update={"precision": fp8}).adapter_problem(job.spec.adapter):
-            return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
-        return []
+        if choice.config.model_copy(update={"precision": fp8}).adapter_problem(job.spec.adapter):
+            return []
+        return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
     linears = Float8Linears.of(job.spec)
     if choice.config.precision == fp8:
         other = choice.config.model_copy(update={"precision": BF16_MIXED})
@@ -636,8 +637,9 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
                      fp8_peak=choice.memory.peak, bf16_peak=job.evaluator.estimate(other).peak)]
     lost = [c for c in ranked if c.fits and c.config.precision == fp8 and c.throughput is not None]
     if not lost:
-        return [note("fp8-not-planned", why=choice.config.model_copy(update={"precision": fp8}).problem()
-                     or choice.config.adapter_problem(job.spec.adapter) or "no fp8 configuration fits")]
+        alike = choice.config.model_copy(update={"precision": fp8})
+        return [note("fp8-not-planned", why=alike.problem() or alike.adapter_problem(job.spec.adapter)
+                     or "no fp8 configuration fits")]
     best = lost[0]  # compiling it is not timed here: analysing the compiled program takes seconds
     return [note("fp8-lost", converted=linears.converted_layers, linears=linears.total_layers,
                  label=best.config.label(), tokens_per_s=best.throughput.useful_tokens_per_s,

@@ -15,6 +15,9 @@ from planner.config import Config
 from planner.models.spec import ModelSpec
 from planner.vocab import PRECISION
 
+#: bytes of an activation or output gradient element a cast reads (bf16 under autocast)
+ACTIVATION_BYTES = 2
+
 
 def converts(cfg: Config) -> bool:
     return PRECISION[cfg.precision].float8
@@ -69,7 +72,7 @@ class Float8Linears:
         elements_16 = sum(c * tokens * (casts["input"] * i + casts["grad_output"] * o) for i, o, c, _t in self.shapes)
         elements_w = casts["weight"] * self.converted_weights
         if compiled:
-            per_16 = traffic["compiled_reads"] * 2 + traffic["float8_bytes"]
+            per_16 = traffic["compiled_reads"] * ACTIVATION_BYTES + traffic["float8_bytes"]
             per_w = traffic["compiled_reads"] * weight_bytes + traffic["float8_bytes"]
             kernels = traffic["compiled_kernels"]
         else:
