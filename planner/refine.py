@@ -171,7 +171,7 @@ def receipt_memory(receipts: list[dict], gpu: str, model: str, seq_len: int,
                    estimate: Callable) -> dict[tuple, FamilyCalibration]:
     """Per configuration family, what GPU receipts of runs of this model and sequence planned for `gpu` measured of
     memory, against what the planner predicts today for the very configuration each ran (`estimate`): the family's
-    activations and allocator slack are calibrated as a probe would (`family_calibrations`)."""
+    activations, allocator slack and bytes outside the allocator (`family_calibrations`)."""
     runs = []
     for r in gpu_receipts(receipts, gpu, model, seq_len):
         measured = r["measured"]
@@ -189,8 +189,8 @@ def gpu_receipts(receipts: list[dict], gpu: str, model: str | None = None, seq_l
 
 
 def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int, method: str = "probe-calibrated") -> Candidate:
-    """An unprobed candidate of a probed (or, `method` receipt-calibrated, earlier run) family, its activation and
-    allocator-slack terms corrected."""
+    """An unprobed candidate of a probed (or, `method` receipt-calibrated, earlier run) family, its activation,
+    allocator-slack and (where measured) outside-the-allocator terms corrected."""
     mem, terms = cand.memory, cand.memory.terms
     act = int(mem.activations * calib.activation_ratio)
     slack = int(act * calib.allocator_slack)
