@@ -23,14 +23,10 @@ def sequence_split_share(cfg: Config) -> float:
     return 1.0 / cfg.sequence_split
 
 
-def head_dim(spec: ModelSpec) -> int:
-    return spec.hidden // max(1, spec.heads)
-
-
 def gathered_kv_bytes(spec: ModelSpec, cfg: Config, seq_len: int, width: int = HALF_BYTES) -> int:
     """One attention layer's keys and values over the whole sequence: with no mask, transformers' SDPA passes the
     key/value heads as they are (enable_gqa, transformers/integrations/sdpa_attention.py:42-51)."""
-    return cfg.micro_batch * seq_len * 2 * spec.kv_heads * head_dim(spec) * width
+    return cfg.micro_batch * seq_len * 2 * spec.kv_heads * spec.head_dim * width
 
 
 def ulysses_exchange_bytes(spec: ModelSpec, cfg: Config, seq_len: int) -> int:
@@ -38,7 +34,7 @@ def ulysses_exchange_bytes(spec: ModelSpec, cfg: Config, seq_len: int) -> int:
     each; key/value heads fewer than sp are replicated up to sp (ulysses_sp.py:133-138, :180-184)."""
     sp = cfg.sequence_parallel
     heads = 2 * spec.heads + 2 * max(spec.kv_heads, sp)
-    return cfg.micro_batch * (seq_len // sp) * heads * head_dim(spec) * HALF_BYTES
+    return cfg.micro_batch * (seq_len // sp) * heads * spec.head_dim * HALF_BYTES
 
 
 def sequence_split_buffers(spec: ModelSpec, cfg: Config, seq_len: int) -> int:
