@@ -623,11 +623,13 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
     fp8, choice = next(p for p, info in PRECISION.items() if info.float8), ranked[0]
     if job.request.precision not in (AUTO, fp8) or job.gpu.cannot_run(fp8) or not choice.fits:
         return []
+    linears = Float8Linears.of(job.spec)
+    if not linears.converted_layers:  # nothing to convert: fp8 would be bf16-mixed (`_precisions` leaves it out)
+        return [note("fp8-not-planned", why=f"accelerate's float8 filter converts none of {job.spec.name}'s layers")]
     if job.request.precision == AUTO and torchao_missing():
         if choice.config.model_copy(update={"precision": fp8}).adapter_problem(job.spec.adapter):
             return []
         return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
-    linears = Float8Linears.of(job.spec)
     if choice.config.precision == fp8:
         other = choice.config.model_copy(update={"precision": BF16_MIXED})
         if other.problem() or choice.throughput is None:
