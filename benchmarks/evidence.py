@@ -95,6 +95,18 @@ def predicted_row(*, id: str, data_file: str, source: str, measured: float, pred
                in_sample_by=tuple(sorted(facts.in_sample_by(judged, data_file, id, source))), note=note)
 
 
+def pinned_choice(model, batch: int, **fields):
+    """The candidate `planner.plan` gives a configuration pinned by `fields`, or the rejected one with its estimate
+    where the plan says it does not fit: what a benchmark judges against a published or measured run."""
+    from planner import plan
+    from planner.errors import NoFitError
+
+    try:
+        return plan(model, batch, **fields).choice
+    except NoFitError as err:
+        return err.plan.choice
+
+
 def summary(rows: Iterable[Row]) -> dict:
     """Rows, median and worst absolute error, signed bias (median signed error), share under-predicted and the 90th
     percentile absolute error, over the rows given (None where there are none)."""

@@ -20,8 +20,6 @@ if str(ROOT) not in sys.path:  # run as a script: the repository's packages impo
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import evidence  # noqa: E402
-from planner import plan  # noqa: E402
-from planner.errors import NoFitError  # noqa: E402
 
 NAME = "float8_gain"
 DATA_FILE = "float8_published.json"
@@ -33,10 +31,7 @@ def pinned(row: dict, precision: str):
     fields = dict(gpu=row["gpu"], gpus_per_node=row["gpus"], seq_len=row["seq_len"], micro_batch=row["micro_batch"],
                   precision=precision, checkpointing=row["checkpointing"], zero_stage=row["zero_stage"],
                   engine=row["engine"], compile="on" if row["compiled"] else "off", liger="off", detect=False)
-    try:
-        return plan(row["model"], row["micro_batch"] * row["gpus"], **fields).choice
-    except NoFitError as err:
-        return err.plan.choice
+    return evidence.pinned_choice(row["model"], row["micro_batch"] * row["gpus"], **fields)
 
 
 def judged(row: dict) -> evidence.Row:

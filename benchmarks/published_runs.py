@@ -24,8 +24,7 @@ if str(ROOT) not in sys.path:  # run as a script: the repository's packages impo
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import evidence  # noqa: E402
-from planner import plan  # noqa: E402
-from planner.errors import InputError, NoFitError  # noqa: E402
+from planner.errors import InputError  # noqa: E402
 
 DATA_FILE = "published_runs.json"
 DATA = ROOT / "benchmarks" / "data" / DATA_FILE
@@ -48,10 +47,7 @@ def pinned(row: dict):
     if row["zero_stage"]:
         fields["engine"] = row["engine"]
     batch = row["micro_batch"] * row["grad_accum"] * row["gpus"]
-    try:
-        return plan(row["model"], batch, **fields).choice
-    except NoFitError as err:
-        return err.plan.choice
+    return evidence.pinned_choice(row["model"], batch, **fields)
 
 
 def measured(row: dict) -> float:

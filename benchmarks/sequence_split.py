@@ -21,8 +21,6 @@ if str(ROOT) not in sys.path:  # run as a script: the repository's packages impo
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import evidence  # noqa: E402
-from planner import plan  # noqa: E402
-from planner.errors import NoFitError  # noqa: E402
 
 NAME = "sequence_split"
 DATA_FILE = "sequence_split_published.json"
@@ -37,10 +35,7 @@ def pinned(row: dict, common: dict):
                   checkpointing=common["checkpointing"], zero_stage=common["zero_stage"], engine=common["engine"],
                   offload=False, compile="on" if common["compiled"] else "off", liger="off", detect=False,
                   context_parallel=row["cp"] if row["cp"] > 1 else "off")
-    try:
-        return plan(common["model"], common["micro_batch"] * common["gpus"] // row["cp"], **fields).choice
-    except NoFitError as err:
-        return err.plan.choice
+    return evidence.pinned_choice(common["model"], common["micro_batch"] * common["gpus"] // row["cp"], **fields)
 
 
 def judged(row: dict, common: dict) -> list[evidence.Row]:
