@@ -15,13 +15,18 @@ import os
 import shlex
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional, get_args, get_origin
 
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
+from rich.spinner import Spinner
 from rich.table import Table
 
 from emit import EmitOptions, check_destination, emit, launch_command, run_launch
@@ -223,8 +228,8 @@ def _compare(request: PlanRequest, run: RunOptions, script_args: list[str]) -> N
                              hint="Compare first, then plan (and emit) on the GPU you pick.")
     gpus = [g.strip() for g in run.compare_gpus.split(",") if g.strip()]
     prices = parse_prices(run.price or [])
-    with _stderr().status("planning...") as status:
-        rows = compare_gpus(request, gpus, prices=prices, progress=lambda g: status.update(f"planning on {g}"))
+    with _status("planning...") as update:
+        rows = compare_gpus(request, gpus, prices=prices, progress=lambda g: update(f"planning on {g}"))
     if run.as_json:
         sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows]}, indent=2) + "\n")
         return
@@ -303,11 +308,43 @@ def _run_plan(request: PlanRequest, measure=None, probe_budget: float = 60.0):
     from planner.planning import plan_request
 
     if measure is None:
-        with _stderr().status(f"planning {escape(str(request.model))} ...") as status:
-            return plan_request(request, progress=lambda label: status.update(escape(label)))
-    with _stderr().status("probing...") as status:
+        with _status(f"planning {request.model} ...") as update:
+            return plan_request(request, progress=update)
+    with _status("probing...") as update:
         return plan_request(request, measure=measure, probe_budget_s=probe_budget,
-                            progress=lambda label: status.update(f"probing {label}"))
+                            progress=lambda label: update(f"probing {label}"))
+
+
+@contextmanager
+def _status(text: str) -> Iterator[Callable[[str], None]]:
+    """A spinner line on stderr, redrawn (at most `_STATUS_REDRAW_S` apart) when the planner reports progress. Not
+    rich's `Console.status`: its refresh thread would keep the planner from forking trace workers
+    (planner/program/forked.py)."""
+    line = _StatusLine(text)
+    drawn = [time.monotonic()]
+    with Live(line, console=_stderr(), auto_refresh=False, transient=True) as live:
+        def update(label: str) -> None:
+            line.spinner.update(text=label)
+            if time.monotonic() - drawn[0] >= _STATUS_REDRAW_S:
+                drawn[0] = time.monotonic()
+                live.refresh()
+
+        yield update
+
+
+_STATUS_REDRAW_S = 0.08
+
+
+class _StatusLine:
+    """A spinner and its label on one line, cut to the terminal's width."""
+
+    def __init__(self, text: str):
+        self.spinner = Spinner("dots", text, style="status.spinner")
+
+    def __rich_console__(self, console, options):
+        line = self.spinner.render(console.get_time())
+        line.truncate(options.max_width, overflow="ellipsis")
+        yield line
 
 
 def _stderr() -> Console:

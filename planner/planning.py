@@ -108,7 +108,7 @@ def plan_request(request: PlanRequest, *, measure: Callable | None = None, progr
     receipts, skipped = read_receipts([request.receipts] if request.receipts else [], cache=request.use_receipts)
     job = resolve_job(request, resolve_hardware(request, detect), progress)
     ranked = search(job.gpu, search_space(job), job.evaluator, job.hardware.budget_bytes,
-                    host_budget=job.hardware.host_memory_bytes, speed=job.speed)
+                    host_budget=job.hardware.host_memory_bytes, speed=job.speed, progress=progress)
     speeds = receipt_speeds(receipts, job.gpu.name)
     memory = receipt_memory(receipts, job.gpu.name, job.spec.name, job.seq_len, job.evaluator.estimate)
     ranked = with_receipts(ranked, speeds, memory, job.hardware.budget_bytes)

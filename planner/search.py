@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 
 from planner import facts
 from planner.config import Config
@@ -300,17 +301,20 @@ def rank(fitting: list[Candidate]) -> list[Candidate]:
 
 
 def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int,
-           host_budget: int | None = None, speed: SpeedModel | None = None) -> list[Candidate]:
+           host_budget: int | None = None, speed: SpeedModel | None = None,
+           progress: Callable[[str], None] | None = None) -> list[Candidate]:
     """All candidates, ranked: fitting ones by speed, then the rest; the first is the choice if it fits.
 
     Walks candidates from the fastest. Until one fits, each is rejected by model states alone (exact), screened
     by formulas (an estimate, said so), or traced exactly. After that, the slower ones get calibrated (or plain)
-    analytic estimates, marked so.
+    analytic estimates, marked so. `progress(label)` hears what is being weighed.
     """
     configs = enumerate_configs(space)
     if not configs:
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
                                                 "--precision, --engine, --optimizer).")
+    tell = progress or (lambda label: None)
+    tell(f"timing {len(configs):,} configurations")
     model_speed = speed or SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)
     model_speed.prefetch(configs)
     speeds = {c: model_speed(c) for c in configs}
@@ -328,6 +332,7 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
             verdict = Verdict(kind="states-over", peak=model_states.total, budget=budget)
             results.append(Candidate(config=cfg, memory=evaluator.states_only(cfg), throughput=speed, verdict=verdict))
             continue
+        tell(f"memory of {cfg.label()}")
         mem = _evaluate(cfg, evaluator, budget, _contender(cfg, speed.useful_tokens_per_s, fastest))
         verdict = judge(mem, budget)
         if verdict.fits:

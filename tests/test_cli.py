@@ -321,3 +321,45 @@ def test_slurm_emits_train_sbatch_without_a_rank_0_address(tmp_path):
     assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
     assert subprocess.run(["bash", "-n", str(tmp_path / "run" / "train.sbatch")]).returncode == 0
     assert invoke(*args, "--slurm").exit_code == 2  # Slurm needs files to write
+
+
+def test_the_planning_spinner_runs_no_thread_and_keeps_to_one_line(monkeypatch):
+    """rich's Console.status redraws from a thread, and while one runs the planner traces one by one
+    (planner/program/forked.py): the CLI's spinner is redrawn by the planner's progress instead."""
+    import io
+    import re
+    import threading
+
+    from rich.console import Console
+
+    from planner import cli
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "_stderr", lambda: Console(file=screen, force_terminal=True, width=40))
+    monkeypatch.setattr(cli, "_STATUS_REDRAW_S", 0.0)
+    before = threading.active_count()
+    with cli._status("planning gpt2 ...") as update:
+        assert threading.active_count() == before
+        update("memory of mb 8 x N 1 x 64 GPU, bf16-mixed, full ckpt, Liger, ZeRO-3")
+    drawn = [line for line in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())) if line]
+    assert any("planning gpt2" in line for line in drawn), drawn
+    assert any(line.endswith("…") and "memory of mb 8" in line for line in drawn), drawn
+    assert all(len(line) <= 40 for line in drawn), drawn
+
+
+def test_the_plan_command_forks_its_traces_where_cores_are_spare(monkeypatch):
+    import threading
+
+    from planner.program import forked
+    from planner.program import trace as trace_mod
+
+    monkeypatch.setattr(trace_mod, "_memory_cache", {})
+    monkeypatch.setattr(trace_mod, "load_json", lambda kind, key: None)  # nothing cached: the traces run
+    monkeypatch.setattr(forked, "usable_cores", lambda: 2)
+    monkeypatch.delenv(forked.WORKERS_ENV, raising=False)
+    before, seen = threading.active_count(), []
+    real = forked.worker_count
+    monkeypatch.setattr(trace_mod, "worker_count", lambda jobs: seen.append(threading.active_count()) or real(jobs))
+    result = invoke("--model", "gpt2", "--batch", "8", "--gpu", "A100-80GB", "--no-probe")
+    assert result.exit_code == 0, result.output
+    assert seen and set(seen) == {before}  # no thread of the CLI's own while the planner decides to fork

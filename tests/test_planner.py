@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -389,3 +390,10 @@ def test_plan_output_does_not_depend_on_string_hashing(tmp_path):
                               check=True)
         outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert outputs[0] == outputs[1]
+
+
+def test_progress_hears_the_search_weigh_candidates():
+    heard: list[str] = []
+    result = plan("gpt2", 8, gpu="A100-80GB", detect=False, progress=heard.append)
+    assert re.fullmatch(r"timing [\d,]+ configurations", heard[0]), heard[:3]
+    assert f"memory of {result.choice.config.label()}" in heard
