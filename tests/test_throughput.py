@@ -44,6 +44,19 @@ def test_small_gemms_are_less_efficient_than_large_ones():
     assert rate(256, 256, 256) < rate(1024, 1024, 1024) < rate(8192, 8192, 8192)
 
 
+
+def test_the_gemm_constants_read_once_per_micro_step_still_follow_an_override_and_are_recorded():
+    from planner import facts
+    from planner.program.profile import analytic_profile
+
+    gpu, eff = lookup_gpu("H100-80GB"), efficiency("H100-80GB")
+    profile, _ = analytic_profile(resolve_model("gpt2").spec, 1024, "none")
+    base = speed_kernels.device_time(profile, 4.0, "bf16-mixed", gpu, eff).gemm_s
+    with facts.recording() as used, facts.overriding({"gemm.k_half": 4 * facts.get("gemm.k_half")}):
+        longer = speed_kernels.device_time(profile, 4.0, "bf16-mixed", gpu, eff).gemm_s
+    assert longer > base
+    assert {"gemm.k_half", "gemm.tile_exponent", "gemm.tensor_core_alignment", "gemm.latency_s"} <= used
+
 @pytest.fixture(scope="module")
 def gpt2_profile():
     from planner.program.trace import TraceRequest, run_trace

@@ -134,8 +134,13 @@ def fact(key: str) -> Fact:
 def get(key: str) -> Any:
     """The value of fact `key` (lists as tuples, objects as read-only maps), recorded as used (`recording`)."""
     overrides = _OVERRIDES.get()
-    value = overrides[key] if key in overrides else fact(key).value
-    record(key)
+    if key in overrides:
+        value = overrides[key]
+    else:  # the packaged facts first: the search reads them hundreds of thousands of times
+        found = _packaged().get(key)
+        value = (found if found is not None else fact(key)).value
+    for used in _RECORDING.get():
+        used.add(key)
     return value
 
 

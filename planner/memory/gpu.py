@@ -58,11 +58,17 @@ def states_view(spec, cfg: Config, states, optimizer: str) -> AllocatorView:
     if cfg.engine == DEEPSPEED:
         sizes = tuple(part for part in (states.parameters, states.gradients, states.optimizer_states) if part > 0)
         return _view(sizes)
-    width, grad_width = cfg.weight_bytes(), cfg.grad_bytes()
     count, state_width = state_tensors(cfg, optimizer)
-    shard = cfg.world_size if cfg.sharded else 1
+    return _tensors_view(spec.tensor_sizes, cfg.world_size if cfg.sharded else 1, cfg.weight_bytes(),
+                         cfg.grad_bytes(), count, state_width)
+
+
+@lru_cache(maxsize=64)
+def _tensors_view(tensor_sizes: tuple[int, ...], shard: int, width: int, grad_width: int, count: int,
+                  state_width: int) -> AllocatorView:
+    """Each tensor's `shard`-th part as weight, gradient (trainable ones) and `count` optimizer states."""
     sizes: list[int] = []
-    for numel in spec.tensor_sizes:
+    for numel in tensor_sizes:
         part = -(-abs(numel) // shard)
         sizes.append(part * width)
         if numel > 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner import facts
 from planner.config import Config
@@ -32,44 +33,72 @@ def compute_dtype(precision: str, half: bool) -> str:
     return info.compute if half and info.compute != FP32_COMPUTE else FP32_COMPUTE
 
 
-def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency) -> float:
+@dataclass(frozen=True)
+class GemmRules:
+    """The GEMM model's constants (facts), read once for all the GEMMs of a micro-step."""
+    tile_exponent: float
+    k_half: float
+    alignment: int
+    latency_s: float
+
+    @staticmethod
+    def read() -> "GemmRules":
+        return GemmRules(facts.get("gemm.tile_exponent"), facts.get("gemm.k_half"),
+                         facts.get("gemm.tensor_core_alignment"), facts.get("gemm.latency_s"))
+
+
+def gemm_efficiency(b: float, m: float, n: float, k: float, eff: Efficiency, rules: GemmRules | None = None) -> float:
     """Fraction of a large GEMM's rate this shape reaches: the best tile's wave quantization times tile size, and
     the K loop's pipeline fill (`gemm.tile_exponent`, `gemm.k_half`)."""
-    best, exponent = 0.0, facts.get("gemm.tile_exponent")
-    for tm, tn in eff.tiles:
-        tiles = b * math.ceil(m / tm) * math.ceil(n / tn)
-        waves = math.ceil(tiles / eff.sm_count)
+    rules = rules or GemmRules.read()
+    return _best_tile(b, m, n, eff.tiles, eff.sm_count, rules.tile_exponent) * k / (k + rules.k_half)
+
+
+@lru_cache(maxsize=4096)
+def _best_tile(b: float, m: float, n: float, tiles: tuple[tuple[int, int], ...], sm_count: int,
+               exponent: float) -> float:
+    best = 0.0
+    for tm, tn in tiles:
+        count = b * math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(count / sm_count)
         size = (tm * tn / (256 * 128)) ** exponent
-        best = max(best, tiles / (waves * eff.sm_count) * size)
-    return best * k / (k + facts.get("gemm.k_half"))
+        best = max(best, count / (waves * sm_count) * size)
+    return best
 
 
-def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int) -> float:
+def gemm_fraction(m, n, k, dtype: str, eff: Efficiency, elem_bytes: int, rules: GemmRules | None = None) -> float:
     """A large GEMM's fraction of peak. A 16-bit GEMM with a dimension that is not a multiple of 8 elements (16
     bytes: NVIDIA's Matrix Multiplication Background guide, 'Tensor Core Requirements') runs cuBLAS's narrower-load
     kernels, at the rate measured for their alignment (efficiency.json, benchmarks/derive_misaligned.py): an odd
     dimension the align1 kernels of GPT-2's 50257-token LM head, an even one the align2 kernels of BERT's 30522."""
-    alignment = min(_alignment(int(round(d))) for d in (m, n, k))
-    if elem_bytes == 2 and alignment < facts.get("gemm.tensor_core_alignment"):
+    full = (rules or GemmRules.read()).alignment
+    alignment = min(_alignment(int(round(d)), full) for d in (m, n, k))
+    if elem_bytes == 2 and alignment < full:
         return eff.misaligned if alignment == 1 else eff.misaligned_align2
     if dtype == FP8_COMPUTE and dtype not in eff.matmul:  # no FP8 GEMM measured on this GPU: bf16's share of peak
         return eff.matmul[BF16_COMPUTE]
     return eff.matmul[dtype]
 
 
-def _alignment(dim: int) -> int:
-    """The largest power of two up to `gemm.tensor_core_alignment` that divides `dim`."""
-    alignment, full = 1, facts.get("gemm.tensor_core_alignment")
+def _alignment(dim: int, full: int) -> int:
+    """The largest power of two up to `full` (`gemm.tensor_core_alignment`) that divides `dim`."""
+    alignment = 1
     while alignment < full and dim % (2 * alignment) == 0:
         alignment *= 2
     return alignment
 
 
 def gemm_seconds(b, m, n, k, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: int) -> float:
-    fraction = gemm_fraction(m, n, k, dtype, eff, elem_bytes)
-    peak = gpu.peak_tflops_for(dtype) * 1e12 * fraction * gemm_efficiency(b, m, n, k, eff)
+    return shaped_gemm_seconds((b, m, n, k), dtype, gpu, eff, elem_bytes, GemmRules.read())
+
+
+def shaped_gemm_seconds(shape, dtype: str, gpu: GPU, eff: Efficiency, elem_bytes: int, rules: GemmRules) -> float:
+    """`gemm_seconds` of a (b, m, n, k) shape with the GEMM constants already read."""
+    b, m, n, k = shape
+    fraction = gemm_fraction(m, n, k, dtype, eff, elem_bytes, rules)
+    peak = gpu.peak_tflops_for(dtype) * 1e12 * fraction * gemm_efficiency(b, m, n, k, eff, rules)
     moved = (b * (m * k + k * n + m * n)) * elem_bytes
-    return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + facts.get("gemm.latency_s")
+    return max(2.0 * b * m * n * k / peak, moved / bandwidth(gpu, eff)) + rules.latency_s
 
 
 def bandwidth(gpu: GPU, eff: Efficiency) -> float:
@@ -119,12 +148,13 @@ def device_time(profile: Profile, scale: float, precision: str, gpu: GPU, eff: E
                 tp_share: float = 1.0) -> DeviceTime:
     """The GPU's side of `micro_step`, by kind of kernel."""
     gemm_s = attention_s = memory_s = 0.0
-    latency = facts.get("gemm.latency_s")  # a tensor-parallel slice still takes a whole GEMM's
+    rules = GemmRules.read()
     for count, dims, dtype, _phase, scaled in profile.gemms():
         dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
         cdtype = compute_dtype(precision, dtype == HALF)
-        seconds = gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4)
-        gemm_s += count * (seconds if tp == 1 else max(seconds / tp, latency))
+        seconds = shaped_gemm_seconds(dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4, rules)
+        # a tensor-parallel slice still takes a whole GEMM's latency
+        gemm_s += count * (seconds if tp == 1 else max(seconds / tp, rules.latency_s))
     for key, (fl, scaled, fixed, count) in profile.attention.items():
         peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
         moved = scaled * scale + fixed
@@ -155,14 +185,15 @@ def float8_gemm_change(profile: Profile, scale: float, precision: str, gpu: GPU,
                        float8: Float8Linears) -> float:
     """Seconds float8 changes in a micro-step's GEMMs: the share of each that `float8` converts runs on the FP8 tensor
     cores with 1-byte operands instead of in the precision's 16-bit dtype (planner/program/float8.py)."""
-    change = 0.0
+    change, rules = 0.0, GemmRules.read()
     for count, dims, dtype, _phase, scaled in profile.gemms():
         share = float8.share(dims, scaled)
         if share:
             dims = [d * scale if grows else d for d, grows in zip(dims, scaled)]
             cdtype = compute_dtype(precision, dtype == HALF)
-            change += count * share * (gemm_seconds(*dims, FP8_COMPUTE, gpu, eff, 1)
-                                       - gemm_seconds(*dims, cdtype, gpu, eff, 2 if cdtype != FP32_COMPUTE else 4))
+            change += count * share * (shaped_gemm_seconds(dims, FP8_COMPUTE, gpu, eff, 1, rules)
+                                       - shaped_gemm_seconds(dims, cdtype, gpu, eff,
+                                                             2 if cdtype != FP32_COMPUTE else 4, rules))
     return change
 
 
