@@ -28,6 +28,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
 from emit import EmitOptions, check_destination, emit, launch_command, run_launch
 from emit.files import ACCELERATE_CONFIG
@@ -324,7 +325,7 @@ def _status(text: str) -> Iterator[Callable[[str], None]]:
     drawn = [time.monotonic()]
     with Live(line, console=_stderr(), auto_refresh=False, transient=True) as live:
         def update(label: str) -> None:
-            line.spinner.update(text=label)
+            line.spinner.update(text=Text(label))
             if time.monotonic() - drawn[0] >= _STATUS_REDRAW_S:
                 drawn[0] = time.monotonic()
                 live.refresh()
@@ -339,7 +340,7 @@ class _StatusLine:
     """A spinner and its label on one line, cut to the terminal's width."""
 
     def __init__(self, text: str):
-        self.spinner = Spinner("dots", text, style="status.spinner")
+        self.spinner = Spinner("dots", Text(text), style="status.spinner")  # plain text: no markup in names
 
     def __rich_console__(self, console, options):
         line = self.spinner.render(console.get_time())

@@ -338,11 +338,11 @@ def test_the_planning_spinner_runs_no_thread_and_keeps_to_one_line(monkeypatch):
     monkeypatch.setattr(cli, "_stderr", lambda: Console(file=screen, force_terminal=True, width=40))
     monkeypatch.setattr(cli, "_STATUS_REDRAW_S", 0.0)
     before = threading.active_count()
-    with cli._status("planning gpt2 ...") as update:
+    with cli._status("planning ./runs[red]/gpt2 ...") as update:
         assert threading.active_count() == before
         update("memory of mb 8 x N 1 x 64 GPU, bf16-mixed, full ckpt, Liger, ZeRO-3")
     drawn = [line for line in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())) if line]
-    assert any("planning gpt2" in line for line in drawn), drawn
+    assert any("planning ./runs[red]/gpt2" in line for line in drawn), drawn  # a name is not markup
     assert any(line.endswith("…") and "memory of mb 8" in line for line in drawn), drawn
     assert all(len(line) <= 40 for line in drawn), drawn
 
