@@ -136,7 +136,7 @@ def get(key: str) -> Any:
     overrides = _OVERRIDES.get()
     if key in overrides:
         value = overrides[key]
-    else:  # the packaged facts first: the search reads them hundreds of thousands of times
+    else:  # the packaged facts first: a search reads them tens of thousands of times
         found = _packaged().get(key)
         value = (found if found is not None else fact(key)).value
     for used in _RECORDING.get():
