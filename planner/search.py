@@ -218,7 +218,7 @@ class MemoryEvaluator:
         evaluation = self.of(cfg)
         act, used = evaluation.activations(cfg, method or self.method)
         if used == TRACE:  # the unsplit model's traced and formula activations (the trace is cached)
-            whole = cfg.unsplit().model_copy(update={"tensor_parallel": 1})
+            whole = _one_gpu_program(cfg)
             point = tuple(evaluation.activations(whole, m)[0] for m in (TRACE, ANALYTIC))
             self.calibration.setdefault(self._family(cfg), {})[cfg.micro_batch] = point
         return evaluation.combine(cfg, act, used)
@@ -230,7 +230,7 @@ class MemoryEvaluator:
         if not traced:
             act, _ = evaluation.activations(cfg, ANALYTIC)
             return evaluation.combine(cfg, act, ANALYTIC), False
-        whole, _ = evaluation.activations(cfg.unsplit().model_copy(update={"tensor_parallel": 1}), ANALYTIC)
+        whole, _ = evaluation.activations(_one_gpu_program(cfg), ANALYTIC)
         act = calibrated(traced, cfg.micro_batch, whole)
         if cfg.tensor_parallel > 1:
             act = int(tensor_parallel_activations(evaluation.workload, cfg, act))
@@ -246,6 +246,12 @@ class MemoryEvaluator:
         evaluation = self.of(cfg)
         act, _ = evaluation.activations(cfg, ANALYTIC)
         return evaluation.combine(cfg, int(act / facts.get("search.analytic_max_overestimate")), "analytic-screen")
+
+
+def _one_gpu_program(cfg: Config) -> Config:
+    """`cfg` with the whole model and each whole sequence on one GPU: the traced program whose activations a
+    tensor-parallel rank, or a rank of a split sequence, keeps a share of."""
+    return cfg.unsplit().model_copy(update={"tensor_parallel": 1})
 
 
 def calibrated(traced: dict[int, tuple[int, int]], micro_batch: int, analytic: int) -> int:

@@ -25,10 +25,7 @@ from planner.speed.kernels import (
     MicroStep, dequantize_seconds, float8_cast_time, float8_gemm_change, micro_step,
 )
 from planner.speed.optimizer import optimizer_seconds
-from planner.vocab import ACTIVATIONS, CHECKPOINTING, FUSED_STEP, AdamStep
-
-#: the traced programs whose weights are 16-bit (what a float8 cast of the weight reads)
-HALF_WEIGHTS = tuple(k for k, v in ACTIVATIONS.items() if v.half_weights)
+from planner.vocab import CHECKPOINTING, FUSED_STEP, AdamStep
 
 class StepParts(BaseModel):
     """Seconds per optimizer step, by what they are spent on."""
@@ -211,8 +208,8 @@ def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: Trace
     """A micro-step with its converted GEMMs at the FP8 rate and the float8 casts beside them."""
     float8, gpu, eff = Float8Linears.of(setup.spec), setup.gpu, setup.eff
     gemms = float8_gemm_change(profile, scale, cfg.precision, gpu, eff, float8)
-    casts = float8_cast_time(float8, cfg.micro_batch * setup.seq_len * sequence_split_share(cfg), 2 if cfg.activation_family() in HALF_WEIGHTS
-                             else 4, cfg.compiled and traced.compile_effect is not None, gpu, eff)
+    casts = float8_cast_time(float8, cfg.micro_batch * setup.seq_len * sequence_split_share(cfg), cfg.weight_bytes(),
+                             cfg.compiled and traced.compile_effect is not None, gpu, eff)
     return MicroStep(gpu_s=micro.gpu_s + gemms + casts.gpu_s, cpu_s=micro.cpu_s + casts.cpu_s)
 
 
