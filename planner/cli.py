@@ -409,19 +409,37 @@ def _cell(value) -> str:
 
 def main() -> None:
     """Console-script entry point. An unexpected error prints one line (TRAINPLAN_DEBUG=1 shows the traceback) and
-    exits 3, apart from the documented 0/1/2."""
+    exits 3, apart from the documented 0/1/2. The process ends once its output is flushed (`_end`)."""
     try:
         app(prog_name=Path(sys.argv[0]).name or "plan", standalone_mode=True)
-    except SystemExit:
-        raise
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
     except KeyboardInterrupt:
-        raise SystemExit(130) from None
+        code = 130
     except Exception as err:  # noqa: BLE001 - the last line of defence against tracebacks
         if os.environ.get("TRAINPLAN_DEBUG"):
             raise
         _stderr().print(f"[bold red]internal error:[/] {escape(f'{type(err).__name__}: {err}')} "
                         "(rerun with TRAINPLAN_DEBUG=1 for the traceback, and please report it)")
-        raise SystemExit(3) from None
+        code = 3
+    _end(code)
+
+
+def _end(code) -> None:
+    """Exit with `code` (as SystemExit reads it) without the interpreter's teardown: freeing the modules torch and
+    transformers loaded takes about a second after the work is done. Every file is closed by now; the standard
+    streams and logging's handlers are flushed first (what teardown would have done for them)."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`plan | head`): nothing more can reach it
+            pass
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

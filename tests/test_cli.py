@@ -35,6 +35,36 @@ def test_help_console_script_is_fast():
     assert elapsed < 1.5, f"plan --help took {elapsed:.2f} s"
 
 
+def test_console_script_output_is_whole_and_codes_kept():
+    """The entry point ends the process itself (no interpreter teardown): a pipe still gets all of its output, and
+    the documented exit codes come through."""
+    script = Path(sys.executable).with_name("plan")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    listed = subprocess.run([str(script), "--list-gpus", "--json"], capture_output=True, text=True, timeout=60, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert {"A100-80GB", "H100-80GB"} <= {row["name"] for row in json.loads(listed.stdout)}
+    bad = subprocess.run([str(script), "--model", "gpt2", "--batch", "0"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert bad.returncode == 2 and "--batch" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize(("code", "status", "said"), [(None, 0, ""), (1, 1, ""), (2, 2, ""), ("stopped", 1, "stopped")])
+def test_end_exits_with_systemexit_semantics(monkeypatch, capsys, code, status, said):
+    import planner.cli as cli
+
+    class Ended(Exception):
+        pass
+
+    def fake_exit(value):
+        raise Ended(value)
+
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    with pytest.raises(Ended) as ended:
+        cli._end(code)
+    assert ended.value.args == (status,)
+    assert capsys.readouterr().err.strip() == said
+
+
 def test_list_gpus_json():
     result = invoke("--list-gpus", "--json")
     assert result.exit_code == 0, result.output
