@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 
@@ -114,6 +115,29 @@ def test_memory_traces_skip_the_op_profile_until_one_is_asked_for():
     assert with_ops.profile and with_ops.activations == memory_only.activations
     trace_mod._memory_cache.clear()  # the stored trace now has its profile: no third run
     assert trace_mod.cached_trace(config, "tiny-profile", 2, r, False).profile == with_ops.profile
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-lora-liger", "gpt2-autocast"])
+def test_shallower_profile_is_the_trace_one_block_less(case):
+    """A profiled trace also keeps its ops without the last block's: exactly (values and order) the profile of the
+    same step traced one block shallower, also where the first block differs (LoRA: no input gradient there)."""
+    from planner.models.adapters import Adapter
+
+    if case == "gpt2-autocast":
+        config = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, vocab_size=500, n_positions=256,
+                                         architectures=["GPT2LMHeadModel"])
+        r = req(activations="mixed", attention="math", autocast_device="cuda")
+    else:
+        config = tiny_llama(3)
+        r = req(activations="half", autocast_device="cuda")
+        if case == "llama-lora-liger":
+            r = replace(r, adapter=Adapter("lora", rank=8), liger=True)
+    for layers in (2, 3):
+        deep = run_trace(config, layers, r, profile=True)
+        assert deep.shallower is not None
+        assert json.dumps(deep.shallower) == json.dumps(run_trace(config, layers - 1, r, profile=True).profile)
+    assert run_trace(config, 1, r, profile=True).shallower is None  # no block would be left
+    assert run_trace(config, 2, r, profile=False).shallower is None
 
 
 def test_gpu_view_drops_attention_dropout_masks_and_adds_overheads():

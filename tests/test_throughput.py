@@ -889,3 +889,29 @@ def test_a_mixture_of_experts_runs_its_experts_as_grouped_gemms_and_is_not_faste
             assert [spec.num_experts, rows, 2 * spec.ffn, spec.hidden] in grouped  # gate and up, per expert
         speeds[name] = job.speed(cfg).tokens_per_s
     assert speeds["mistralai/Mixtral-8x7B-v0.1"] < speeds["mistralai/Mistral-7B-v0.1"]
+
+
+@pytest.mark.parametrize(("model", "traced"), [("llama", [2]), ("t5", [2, 1])])
+def test_speed_profile_takes_one_trace_where_blocks_are_found(monkeypatch, model, traced):
+    """The speed profile's 1-block step is the 2-block trace without its last block (one trace); a model whose blocks
+    are not one stack (T5's encoder and decoder) is traced at both depths."""
+    import transformers
+
+    import planner.program.trace as trace_mod
+    import planner.speed.model as speed_model
+    config = (transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=160,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                       architectures=["LlamaForCausalLM"]) if model == "llama" else
+              transformers.T5Config(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16,
+                                    vocab_size=500, decoder_start_token_id=0, pad_token_id=0,
+                                    architectures=["T5ForConditionalGeneration"]))
+    resolved = resolve_model(config)
+    depths, run = [], trace_mod.run_trace
+    monkeypatch.setattr(trace_mod, "run_trace", lambda c, layers, *a, **k: depths.append(layers) or run(c, layers, *a, **k))
+    monkeypatch.setattr(trace_mod, "load_json", lambda *a: None)  # traced now, whatever an earlier test stored
+    monkeypatch.setattr(trace_mod, "_memory_cache", {})
+    req = trace_mod.TraceRequest(micro_batch=2, seq_len=32, activations="half", checkpointing="none",
+                                 attention="math", attention_dropout=False)
+    (l1, p1), (l2, p2) = speed_model.speed_trace_profiles(resolved, req)
+    assert depths == traced and (l1, l2) == (1, 2)
+    assert sum(p2.matmuls.values()) > sum(p1.matmuls.values()) > 0

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from planner import facts
+from planner.program.regions import decode
 from planner.vocab import CHECKPOINTING, FP32_COMPUTE
 
 _MATMULS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2)}  # op -> the two operand positions
@@ -172,13 +173,24 @@ class Profile:
 
 class OpRecorder(TorchDispatchMode):
     """Records the cost of every op into a Profile. `tokens` and `micro_batch` are the traced step's, so that
-    token-proportional dimensions and bytes can be told from fixed ones; `phase` is set by the caller."""
+    token-proportional dimensions and bytes can be told from fixed ones; `phase` is set by the caller.
 
-    def __init__(self, micro_batch: int, seq_len: int):
+    With `regions` (planner/program/regions.py `BlockRegions`) every op outside the last block, in both phases, also
+    goes to `shallower`: the step as traced one block shallower."""
+
+    def __init__(self, micro_batch: int, seq_len: int, regions=None):
         super().__init__()
         self.profile = Profile()
         self.micro_batch, self.seq_len, self.tokens = micro_batch, seq_len, micro_batch * seq_len
         self.phase = "forward"
+        self.regions = regions
+        self.shallower = Profile() if regions is not None and regions.layers > 1 else None
+
+    def profiles(self) -> list[Profile]:
+        """The profiles the current op counts in."""
+        if self.shallower is None or decode(self.regions.code())[0] == self.regions.layers - 1:
+            return [self.profile]
+        return [self.profile, self.shallower]
 
     def __enter__(self):
         from torch.nn.modules.module import register_module_forward_pre_hook
@@ -192,34 +204,36 @@ class OpRecorder(TorchDispatchMode):
 
     def _module_called(self, module, args) -> None:
         if self.phase == "forward":  # recomputation under checkpointing is counted from the forward's
-            self.profile.count(MODULE_CALLS)
+            for profile in self.profiles():
+                profile.count(MODULE_CALLS)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
         try:
-            self._record(func, name, args, kwargs, out)
+            for profile in self.profiles():
+                self._record(profile, func, name, args, kwargs, out)
         except Exception:  # noqa: BLE001 - a cost we cannot read is a cost we skip, never a failed trace
             pass
         return out
 
-    def _record(self, func, name, args, kwargs, out) -> None:
+    def _record(self, profile: Profile, func, name, args, kwargs, out) -> None:
         python = self.phase == "forward"
         if name in _FREE:
-            self.profile.count(PY_VIEWS if python else ENGINE_VIEWS)
+            profile.count(PY_VIEWS if python else ENGINE_VIEWS)
             return
         if not _tensors(out):  # metadata queries (device, sizes): a real tensor answers them without dispatch
             return
-        self.profile.count(PY_KERNELS if python else ENGINE_KERNELS)
+        profile.count(PY_KERNELS if python else ENGINE_KERNELS)
         if name in _MATMULS:
-            self._matmul(name, args)
+            self._matmul(profile, name, args)
         elif name in _GROUPED_MATMULS:
-            self._grouped_matmul(args)
+            self._grouped_matmul(profile, args)
         elif name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
-            self._attention(func, name, args, kwargs, out)
+            self._attention(profile, func, name, args, kwargs, out)
         else:
-            self._memory(args, out)
+            self._memory(profile, args, out)
 
     def _token_bytes(self, t: torch.Tensor) -> tuple[float, float]:
         # a broadcast (expanded) view reads its storage, not its logical size
@@ -229,17 +243,17 @@ class OpRecorder(TorchDispatchMode):
                                            self.seq_len in shape[1:])
         return (nbytes, 0.0) if scaled else (0.0, nbytes)
 
-    def _memory(self, args, out) -> None:
+    def _memory(self, profile: Profile, args, out) -> None:
         tensors = _tensors(args) + _tensors(out)
         dtype = _dtype_class(_tensors(out)[0].dtype)
-        entry = self.profile.memory.setdefault(f"{dtype},{self.phase}", [0.0, 0.0, 0.0])
+        entry = profile.memory.setdefault(f"{dtype},{self.phase}", [0.0, 0.0, 0.0])
         for t in tensors:
             scaled, fixed = self._token_bytes(t)
             entry[0] += scaled
             entry[1] += fixed
         entry[2] += 1
 
-    def _matmul(self, name, args) -> None:
+    def _matmul(self, profile: Profile, name, args) -> None:
         i, j = _MATMULS[name]
         a, b = args[i], args[j]
         batch = a.shape[0] if a.dim() == 3 else 1
@@ -250,9 +264,9 @@ class OpRecorder(TorchDispatchMode):
         scaled = "".join("1" if (x == 0 and a.dim() == 3) or d == self.tokens else "0"
                          for x, d in enumerate((batch, m, n, k)))
         key = f"{batch},{m},{n},{k},{_dtype_class(a.dtype)},{self.phase},{scaled}"
-        self.profile.matmuls[key] = self.profile.matmuls.get(key, 0.0) + 1
+        profile.matmuls[key] = profile.matmuls.get(key, 0.0) + 1
 
-    def _grouped_matmul(self, args) -> None:
+    def _grouped_matmul(self, profile: Profile, args) -> None:
         """torch._grouped_mm, as transformers' default `grouped_mm` experts run a mixture of experts
         (transformers/integrations/moe.py `grouped_mm_experts_forward`): one GEMM per group (expert), the rows a
         group gets taken as equal (tokens x top-k / experts). The layouts are torch's (aten/src/ATen/native/cuda/
@@ -271,9 +285,9 @@ class OpRecorder(TorchDispatchMode):
         else:
             dims, scaled = (a.shape[0], a.shape[1], b.shape[-1], a.shape[2]), "0000"
         key = f"{dims[0]},{dims[1]:g},{dims[2]:g},{dims[3]:g},{_dtype_class(a.dtype)},{self.phase},{scaled}"
-        self.profile.matmuls[key] = self.profile.matmuls.get(key, 0.0) + 1
+        profile.matmuls[key] = profile.matmuls.get(key, 0.0) + 1
 
-    def _attention(self, func, name, args, kwargs, out) -> None:
+    def _attention(self, profile: Profile, func, name, args, kwargs, out) -> None:
         tensors = _tensors(args)
         if "backward" in name:
             grad_out, q, k, v = tensors[:4]
@@ -283,7 +297,7 @@ class OpRecorder(TorchDispatchMode):
             flops = sdpa_flop_count(q.shape, k.shape, v.shape)
         if _argument(func, args, kwargs, "is_causal"):  # the kernels skip the masked half of the score tiles
             flops /= 2
-        entry = self.profile.attention.setdefault(f"{_dtype_class(q.dtype)},{self.phase}", [0.0, 0.0, 0.0, 0.0])
+        entry = profile.attention.setdefault(f"{_dtype_class(q.dtype)},{self.phase}", [0.0, 0.0, 0.0, 0.0])
         entry[0] += flops
         for t in tensors + _tensors(out):
             scaled, fixed = self._token_bytes(t)

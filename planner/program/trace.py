@@ -63,6 +63,9 @@ class TracePoint:
     #: `Template.to_json`), from which the whole run at full depth is written; None where the blocks were not found
     template: dict | None = None
     rounding: int = 0       # max_memory_allocated - the bytes requested, of the step's replay (AllocatorStats.rounding)
+    #: the op profile without the last block's ops: the same step's profile one block shallower (None where ops
+    #: were not recorded or the blocks not found), so a speed profile's two depths take one trace
+    shallower: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -267,7 +270,8 @@ def _lookup(key: str, profile: bool) -> TracePoint | None:
         stored = load_json("traces", key)
         fields = ("activations", "slack", "rounding", "profile", "forward", "backward")
         if stored is not None and set(fields) <= set(stored):
-            result = _memory_cache[key] = TracePoint(**{k: stored[k] for k in fields}, template=stored.get("template"))
+            result = _memory_cache[key] = TracePoint(**{k: stored[k] for k in fields}, template=stored.get("template"),
+                                                     shallower=stored.get("shallower"))
     return None if result is None or (profile and result.profile is None) else result
 
 
@@ -489,12 +493,14 @@ def _tokens_as(recorder: OpRecorder, rows: int):
     speed model keeps its FLOPs and its rows' alignment (a chunk's rows scaled by a fraction are misaligned for
     planner/speed/kernels.py `gemm_fraction`)."""
     tokens, recorder.tokens = recorder.tokens, rows
-    before = dict(recorder.profile.matmuls)
+    kept = [p for p in (recorder.profile, recorder.shallower) if p is not None]
+    before = [dict(p.matmuls) for p in kept]
     try:
         yield
     finally:
         recorder.tokens = tokens
-        _fold_gemms(recorder.profile.matmuls, before)
+        for profile, counts in zip(kept, before):
+            _fold_gemms(profile.matmuls, counts)
 
 
 def _fold_gemms(matmuls: dict[str, float], before: dict[str, float]) -> None:
@@ -563,10 +569,10 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     import torch
 
     tracker = LiveStorageTracker(cuda_matmuls=req.autocast_device == "cuda")
-    recorder = OpRecorder(req.micro_batch, req.seq_len) if profile else None
     held: list = []  # a sum objective's outputs, kept through the backward and the next forward (`_with_carried`)
     with fake_step_model(config, layers, req, trust) as (model, batch):
         regions = block_regions(model, layers)
+        recorder = OpRecorder(req.micro_batch, req.seq_len, regions) if profile else None
         with tracker, regions or contextlib.nullcontext():
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
             batch_bytes = tuple(t.untyped_storage().nbytes() for t in batch.values())
@@ -599,4 +605,5 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
         template = Template.from_tracker(tracker.events, tracker.tags, layers, batch_bytes, marks).to_json()
     return TracePoint(activations=peak, slack=replayed.peak_reserved - replayed.peak_allocated,
                       rounding=replayed.rounding, profile=recorder.profile.to_json() if recorder else None,
-                      forward=forward, backward=backward, template=template)
+                      forward=forward, backward=backward, template=template,
+                      shallower=recorder.shallower.to_json() if recorder and recorder.shallower else None)

@@ -71,7 +71,7 @@ class SpeedModel:
         requests = {speed_request(self.workload, cfg) for cfg in configs}
         try:
             prefetch_traces(resolved.config, resolved.spec.config_hash,
-                            [(depth, req, True) for req in requests for depth in speed_depths(resolved.config)],
+                            [(depth, req, True) for req in requests for depth in _traced_depths(resolved.config)],
                             resolved.trust_remote_code)
         except Exception:  # noqa: BLE001 - `profile` meets the failure again and falls back per program
             pass
@@ -112,19 +112,30 @@ def speed_request(workload: Workload, cfg: Config) -> TraceRequest:
 
 def speed_trace_profiles(resolved, req: TraceRequest) -> tuple[tuple[int, Profile], tuple[int, Profile]]:
     """The speed trace at the smallest depths that show one block (1 and 2; 2 and 4 where blocks alternate), also
-    for models shallower than that (the profile is extrapolated to their depth)."""
+    for models shallower than that (the profile is extrapolated to their depth). One block less than the deeper
+    trace is that trace without its last block's ops, where its blocks were found (`TracePoint.shallower`)."""
     spec = resolved.spec
-    points = [(depth, cached_trace(resolved.config, spec.config_hash, depth, req, resolved.trust_remote_code,
-                                   profile=True))
-              for depth in speed_depths(resolved.config)]
-    profiles = [(depth, Profile.from_json(point.profile)) for depth, point in points]
-    return profiles[0], profiles[-1]
+
+    def traced(depth: int):
+        return cached_trace(resolved.config, spec.config_hash, depth, req, resolved.trust_remote_code, profile=True)
+
+    shallow, deep = speed_depths(resolved.config)
+    point = traced(deep)
+    below = point.shallower if deep - shallow == 1 else None
+    return ((shallow, Profile.from_json(below if below is not None else traced(shallow).profile)),
+            (deep, Profile.from_json(point.profile)))
 
 
-def speed_depths(config) -> tuple[int, ...]:
+def speed_depths(config) -> tuple[int, int]:
     """The depths of the speed trace: 1 and 2 blocks, 2 and 4 where blocks alternate."""
     kinds = getattr(config, "layer_types", None)
-    return tuple(dict.fromkeys(TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else (1, 2)))
+    return TRACED_LAYERS_ALTERNATING if kinds and len(set(kinds)) > 1 else (1, 2)
+
+
+def _traced_depths(config) -> tuple[int, ...]:
+    """The depths `prefetch` traces: the deeper alone where the shallower is one block less (read from its trace)."""
+    shallow, deep = speed_depths(config)
+    return (deep,) if deep - shallow == 1 else (shallow, deep)
 
 
 def speed_anchor_micro_batch(spec, seq_len: int) -> int:
