@@ -746,3 +746,21 @@ def test_the_analytic_screen_counts_what_the_trace_saves(precision):
                                       method)[0] for on in (False, True)]
         saved[method] = act[0] - act[1]
     assert saved["trace"] > 0 and saved["analytic"] == pytest.approx(saved["trace"], rel=0.25)
+
+
+@pytest.mark.parametrize(("activations", "device"), [("half", "cuda"), ("mixed", "cuda"), ("fp32", "cpu")])
+def test_memory_trace_runs_the_first_and_last_loss_chunks_only(monkeypatch, activations, device):
+    """A trace of memory alone runs the fused loss's first and last chunks: the step's peaks and the allocator's replay
+    are those of the trace of every chunk (in the paths that allocate per chunk, with fewer events)."""
+    config = tiny(transformers.LlamaConfig, vocab=4096)
+    r = request(micro_batch=2, seq_len=200, activations=activations, attention="math" if device == "cpu" else "flash",
+                autocast_device=device, liger=True)
+    assert liger.flce_chunks(400, 64, 4096)[1] > 2
+    few = run_trace(config, 3, r, profile=False)
+    starts = liger._chunk_starts
+    monkeypatch.setattr(liger, "_chunk_starts", lambda tokens, chunk, every: starts(tokens, chunk, True))
+    full = run_trace(config, 3, r, profile=False)
+    fields = ("activations", "forward", "backward", "slack", "rounding")
+    assert [getattr(few, f) for f in fields] == [getattr(full, f) for f in fields]
+    if activations != "half":  # the legacy paths allocate and free per chunk
+        assert len(few.template["events"]) < len(full.template["events"])
