@@ -4,6 +4,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -25,9 +26,27 @@ def two_cores(monkeypatch):
 @linux
 def test_results_come_back_in_order_from_every_process(two_cores):
     parent = os.getpid()
-    found = forked.map_forked(lambda x: [x * x, os.getpid() == parent], list(range(7)), 3)
+
+    def work(x):
+        time.sleep(0.05)  # long enough for every process to take items
+        return [x * x, os.getpid() == parent]
+
+    found = forked.map_forked(work, list(range(7)), 3)
     assert [value for value, _ in found] == [x * x for x in range(7)]
     assert {in_parent for _, in_parent in found} == {True, False}
+    assert found[0][1]  # the first item is this process's
+
+
+@linux
+def test_items_are_taken_as_processes_become_free(two_cores):
+    """One long item and many short ones: the process with the long one takes no more, the other does the rest."""
+    parent = os.getpid()
+
+    def work(x):
+        time.sleep(1.0 if x == 0 else 0.02)
+        return os.getpid() == parent
+
+    assert forked.map_forked(work, list(range(8)), 2) == [True] + [False] * 7
 
 
 @linux
@@ -35,11 +54,14 @@ def test_a_failing_child_item_comes_back_empty_and_the_rest_arrive():
     parent = os.getpid()
 
     def work(x):
-        if x == 3 and os.getpid() != parent:
+        if os.getpid() != parent:
             raise RuntimeError("boom")
+        time.sleep(0.2)  # the child takes the items this process is not free for
         return x
 
-    assert forked.map_forked(work, [0, 1, 2, 3], 2) == [0, 1, 2, None]
+    found = forked.map_forked(work, [0, 1, 2, 3], 2)
+    assert found[0] == 0 and None in found
+    assert all(value in (x, None) for x, value in enumerate(found))
 
 
 @linux

@@ -49,36 +49,39 @@ def worker_count(jobs: int) -> int:
 
 
 def map_forked(func: Callable, items: list, workers: int) -> list:
-    """`func(item)` for every item, as JSON-serialisable results in the items' order: the first share runs in this
-    process (an exception there propagates, the children stopped), the others in `workers - 1` forked children. A
-    child's item whose result could not be had (its call raised, or the child died) comes back as None, for the
-    caller to redo where its error shows as it would have."""
+    """`func(item)` for every item, as JSON-serialisable results in the items' order, in this process and `workers - 1`
+    forked children: this process takes the first item, then each process takes the next item left as it becomes free
+    (a shared counter), so that long and short items even out. An exception in this process propagates (the children
+    stopped); a child's item whose result could not be had (its call raised, or the child died) comes back as None,
+    for the caller to redo where its error shows as it would have."""
     import multiprocessing
 
-    shares = [list(range(start, len(items), workers)) for start in range(workers)]
     context = multiprocessing.get_context("fork")
+    taken = context.Value("l", 1)  # the next item to take; item 0 is this process's
     children = []
     results: list = [None] * len(items)
     answered = False
     try:
-        for share in shares[1:]:
+        for _ in range(workers - 1):
             receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_child, args=(send, func, [items[i] for i in share]), daemon=True)
+            child = context.Process(target=_child, args=(send, func, items, taken), daemon=True)
             child.start()
             send.close()
-            children.append((child, receive, share))
-        for i in shares[0]:
-            results[i] = func(items[i])
-        for child, receive, share in children:
+            children.append((child, receive))
+        index = 0
+        while index < len(items):
+            results[index] = func(items[index])
+            index = _take(taken)
+        for child, receive in children:
             try:
                 found = json.loads(receive.recv_bytes())
             except (EOFError, OSError, ValueError):  # the child died before it answered
-                found = [None] * len(share)
-            for i, value in zip(share, found):
+                found = []
+            for i, value in found:
                 results[i] = value
         answered = True
     finally:
-        for child, receive, _ in children:
+        for child, receive in children:
             receive.close()
             if not answered:  # this process's share raised (or was interrupted): the children's work is moot
                 child.terminate()
@@ -86,16 +89,25 @@ def map_forked(func: Callable, items: list, workers: int) -> list:
     return results
 
 
-def _child(send, func: Callable, items: list) -> None:
+def _take(taken) -> int:
+    with taken.get_lock():
+        index = taken.value
+        taken.value += 1
+    return index
+
+
+def _child(send, func: Callable, items: list, taken) -> None:
     # Ctrl-C reaches the whole process group: the parent stops its children itself (`map_forked`'s finally), so a
     # child leaves quietly instead of printing a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     results = []
-    for item in items:
+    index = _take(taken)
+    while index < len(items):
         try:
-            results.append(func(item))
+            results.append([index, func(items[index])])
         except Exception:  # noqa: BLE001 - the caller redoes it, where the error is raised as it would be serially
-            results.append(None)
+            pass
+        index = _take(taken)
     try:
         send.send_bytes(json.dumps(results).encode())
     finally:
