@@ -95,9 +95,11 @@ def _buckets(order: tuple[tuple[float, int], ...], grad_bytes: float, caps: tupl
 def exposed_seconds(buckets: list[Bucket], span_s: float, seconds) -> float:
     """One collective per bucket on the communication stream, in order, each starting when its bucket is ready and
     the one before it is done (`seconds(nbytes)` each): how long the last one ends after the backward (`span_s`)."""
-    end = 0.0
+    end, took = 0.0, {}  # a model's buckets come in a few sizes: each is timed once
     for bucket in buckets:
-        end = max(end, bucket.ready * span_s) + seconds(bucket.nbytes)
+        if bucket.nbytes not in took:
+            took[bucket.nbytes] = seconds(bucket.nbytes)
+        end = max(end, bucket.ready * span_s) + took[bucket.nbytes]
     return max(0.0, end - span_s)
 
 
