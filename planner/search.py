@@ -191,6 +191,7 @@ class MemoryEvaluator:
         self.evaluation, self.method, self.packed = evaluation, method, packed
         #: trace family -> {micro-batch: (traced, analytic) activations} of the family's traces so far
         self.calibration: dict[tuple, dict[int, tuple[int, int]]] = {}
+        self._screened: dict[tuple, tuple[MemoryEstimate, bool]] = {}
 
     @property
     def resolved(self):
@@ -224,9 +225,16 @@ class MemoryEvaluator:
         return evaluation.combine(cfg, act, used)
 
     def screen(self, cfg: Config) -> tuple[MemoryEstimate, bool]:
-        """A cheap estimate and whether it is calibrated by traces of the same family."""
-        evaluation = self.of(cfg)
+        """A cheap estimate and whether it is calibrated by traces of the same family (the same once per state of
+        that family's traces: the search screens a candidate again after it traced more)."""
         traced = self.calibration.get(self._family(cfg))
+        key = (cfg, tuple(sorted(traced.items())) if traced else ())
+        if key not in self._screened:
+            self._screened[key] = self._screen(cfg, traced)
+        return self._screened[key]
+
+    def _screen(self, cfg: Config, traced: dict | None) -> tuple[MemoryEstimate, bool]:
+        evaluation = self.of(cfg)
         if not traced:
             act, _ = evaluation.activations(cfg, ANALYTIC)
             return evaluation.combine(cfg, act, ANALYTIC), False
