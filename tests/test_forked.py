@@ -43,7 +43,7 @@ def test_items_are_taken_as_processes_become_free(two_cores):
     parent = os.getpid()
 
     def work(x):
-        time.sleep(1.0 if x == 0 else 0.02)
+        time.sleep(0.5 if x == 0 else 0.02)
         return os.getpid() == parent
 
     assert forked.map_forked(work, list(range(8)), 2) == [True] + [False] * 7
