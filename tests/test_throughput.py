@@ -915,3 +915,23 @@ def test_speed_profile_takes_one_trace_where_blocks_are_found(monkeypatch, model
     (l1, p1), (l2, p2) = speed_model.speed_trace_profiles(resolved, req)
     assert depths == traced and (l1, l2) == (1, 2)
     assert sum(p2.matmuls.values()) > sum(p1.matmuls.values()) > 0
+
+
+def test_configurations_sharing_a_micro_step_time_it_once(monkeypatch):
+    """A search's configurations that differ in accumulation or sharding run one micro-step per traced program: it is
+    timed once per speed model, and each configuration's step equals what a fresh model times for it alone."""
+    import planner.speed.step as step_mod
+
+    gpu = lookup_gpu("H100-80GB")
+
+    def fresh() -> SpeedModel:
+        return SpeedModel(Workload(resolve_model("gpt2"), seq_len=1024, optimizer="adamw", gpu=gpu), gpu, 8)
+
+    configs = [Config(micro_batch=4, grad_accum=accum, world_size=8, precision="bf16-mixed", checkpointing="none",
+                      zero_stage=stage, offload="none") for accum in (1, 2, 4) for stage in (0, 1, 2)]
+    alone = [fresh()(cfg) for cfg in configs]
+    timed, real = [], step_mod.micro_step
+    monkeypatch.setattr(step_mod, "micro_step", lambda *a, **k: timed.append(a[1]) or real(*a, **k))
+    shared = fresh()
+    assert [shared(cfg) for cfg in configs] == alone
+    assert len(timed) == len({cfg.trace_family() for cfg in configs}) == 2  # DDP's fp32 weights, ZeRO's 16-bit ones

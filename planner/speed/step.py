@@ -4,7 +4,7 @@ and torch.compile's compile time spread over the run."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -152,6 +152,8 @@ class SpeedSetup:
     optimizer: str
     adam_step: AdamStep = FUSED_STEP
     train_steps: int | None = None
+    #: traced micro-steps already timed (`_timed_micro_step`): a search times many configurations sharing one
+    timed: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -179,14 +181,18 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
         residual = facts.get("inductor.compiled_device_residual")
         compile_once = traced.compile_effect.compile_seconds(spec.layers)
     scale = cfg.micro_batch / traced.micro_batch * sequence_split_share(cfg)  # a rank's share of the tokens
-    micro = micro_step(profile, scale, cfg.precision, gpu, eff, blocks, cfg.tensor_parallel, traced.tp_share)
+    if profile is traced.profile:
+        micro = _timed_micro_step(setup, profile, scale, cfg, blocks, traced.tp_share)
+    else:  # a compiled step's profile, made for this call
+        micro = micro_step(profile, scale, cfg.precision, gpu, eff, blocks, cfg.tensor_parallel, traced.tp_share)
     extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, setup.seq_len,
                                                                                setup.gpus_per_node, gpu, eff)
     extra += sequence_split_seconds(spec, cfg, setup.seq_len, setup.gpus_per_node, gpu, eff)
     micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
     if converts(cfg):
         micro = _with_float8(micro, setup, cfg, traced, profile, scale)
-    backward = micro.seconds * _backward_share(profile)
+    backward = micro.seconds * (_backward_share(profile) if profile is not traced.profile
+                                else _memo(setup, ("backward", id(profile)), profile, _backward_share))
     parts = StepParts(
         compute=cfg.grad_accum * micro.seconds,
         optimizer=optimizer_seconds(spec, cfg, setup.optimizer, gpu, eff, setup.gpus_per_node, setup.adam_step),
@@ -201,6 +207,23 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
                              for mode in (None, cfg.checkpointing))
     return ThroughputInfo(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
                           mfu=model_flops / total / peak, hfu=executed / total / peak, step_time_s=total, parts=parts)
+
+
+def _timed_micro_step(setup: SpeedSetup, profile: Profile, scale: float, cfg: Config, blocks: int,
+                      tp_share: float) -> MicroStep:
+    """`micro_step` of a traced profile, once per profile and shape in a setup: the configurations that differ only in
+    sharding, offload or accumulation run the same micro-step."""
+    key = (id(profile), scale, cfg.precision, blocks, cfg.tensor_parallel, tp_share)
+    return _memo(setup, key, profile, lambda p: micro_step(p, scale, cfg.precision, setup.gpu, setup.eff, blocks,
+                                                          cfg.tensor_parallel, tp_share))
+
+
+def _memo(setup: SpeedSetup, key: tuple, profile: Profile, compute):
+    """`compute(profile)` kept in `setup.timed` under `key`, with the profile itself: its id stays its own."""
+    found = setup.timed.get(key)
+    if found is None or found[0] is not profile:
+        found = setup.timed[key] = (profile, compute(profile))
+    return found[1]
 
 
 def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: TracedStep, profile: Profile,
