@@ -191,7 +191,7 @@ class MemoryEvaluator:
         self.evaluation, self.method, self.packed = evaluation, method, packed
         #: trace family -> {micro-batch: (traced, analytic) activations} of the family's traces so far
         self.calibration: dict[tuple, dict[int, tuple[int, int]]] = {}
-        self._screened: dict[tuple, tuple[MemoryEstimate, bool]] = {}
+        self._screened: dict[tuple, tuple] = {}  # (candidate, its family's traces) -> screen, facts read
 
     @property
     def resolved(self):
@@ -229,9 +229,7 @@ class MemoryEvaluator:
         that family's traces: the search screens a candidate again after it traced more)."""
         traced = self.calibration.get(self._family(cfg))
         key = (cfg, tuple(sorted(traced.items())) if traced else ())
-        if key not in self._screened:
-            self._screened[key] = self._screen(cfg, traced)
-        return self._screened[key]
+        return facts.cached(self._screened, key, lambda: self._screen(cfg, traced))
 
     def _screen(self, cfg: Config, traced: dict | None) -> tuple[MemoryEstimate, bool]:
         evaluation = self.of(cfg)

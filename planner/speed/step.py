@@ -219,11 +219,12 @@ def _timed_micro_step(setup: SpeedSetup, profile: Profile, scale: float, cfg: Co
 
 
 def _memo(setup: SpeedSetup, key: tuple, profile: Profile, compute):
-    """`compute(profile)` kept in `setup.timed` under `key`, with the profile itself: its id stays its own."""
+    """`compute(profile)` kept in `setup.timed` under `key` with the facts it read (`facts.cached`), and with the
+    profile itself, whose id the key holds: a profile made later under a freed one's id is timed anew."""
     found = setup.timed.get(key)
-    if found is None or found[0] is not profile:
-        found = setup.timed[key] = (profile, compute(profile))
-    return found[1]
+    if found is not None and found[0][0] is not profile:
+        del setup.timed[key]
+    return facts.cached(setup.timed, key, lambda: (profile, compute(profile)))[1]
 
 
 def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: TracedStep, profile: Profile,
