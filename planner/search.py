@@ -191,7 +191,8 @@ class MemoryEvaluator:
         self.evaluation, self.method, self.packed = evaluation, method, packed
         #: trace family -> {micro-batch: (traced, analytic) activations} of the family's traces so far
         self.calibration: dict[tuple, dict[int, tuple[int, int]]] = {}
-        self._screened: dict[tuple, tuple] = {}  # (candidate, its family's traces) -> screen, facts read
+        #: (candidate, its family's traces, facts overridden) -> its screen and the facts that read
+        self._screened: dict[tuple, tuple] = {}
 
     @property
     def resolved(self):
@@ -228,7 +229,7 @@ class MemoryEvaluator:
         """A cheap estimate and whether it is calibrated by traces of the same family (the same once per state of
         that family's traces: the search screens a candidate again after it traced more)."""
         traced = self.calibration.get(self._family(cfg))
-        key = (cfg, tuple(sorted(traced.items())) if traced else ())
+        key = (cfg, tuple(sorted(traced.items())) if traced else (), facts.overridden())
         return facts.cached(self._screened, key, lambda: self._screen(cfg, traced))
 
     def _screen(self, cfg: Config, traced: dict | None) -> tuple[MemoryEstimate, bool]:

@@ -935,3 +935,24 @@ def test_configurations_sharing_a_micro_step_time_it_once(monkeypatch):
     shared = fresh()
     assert [shared(cfg) for cfg in configs] == alone
     assert len(timed) == len({cfg.trace_family() for cfg in configs}) == 2  # DDP's fp32 weights, ZeRO's 16-bit ones
+
+
+def test_a_timed_micro_step_is_not_reused_under_other_facts_or_another_efficiency():
+    """The micro-step memo of a speed model answers only for the facts and Efficiency it was timed with: an override
+    (a benchmark's refit) and a setup copied with other figures time the step afresh."""
+    from dataclasses import replace
+
+    from planner import facts
+
+    gpu = lookup_gpu("H100-80GB")
+    speed = SpeedModel(Workload(resolve_model("gpt2"), seq_len=1024, optimizer="adamw", gpu=gpu), gpu, 1)
+    cfg = Config(micro_batch=4, grad_accum=1, world_size=1, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=0, offload="none")
+    before = speed(cfg).parts.micro_gpu
+    with facts.overriding({"gemm.k_half": 4 * facts.get("gemm.k_half")}):
+        assert speed(cfg).parts.micro_gpu != before
+    assert speed(cfg).parts.micro_gpu == before
+    slower = speed.eff.model_copy(update={"hbm": speed.eff.hbm / 2})
+    speed.setup = replace(speed.setup, eff=slower)
+    assert speed.setup.timed == {}
+    assert speed(cfg).parts.micro_gpu > before

@@ -179,6 +179,12 @@ def cached(cache: dict, key, compute: Callable[[], T]) -> T:
     return value
 
 
+def overridden() -> tuple:
+    """The facts `overriding` replaces where this is called, as a hashable key (empty outside any such block): what a
+    cache of results computed from facts keys them by."""
+    return tuple(sorted((key, repr(value)) for key, value in _OVERRIDES.get().items()))
+
+
 @contextmanager
 def overriding(values: Mapping[str, Any]) -> Iterator[None]:
     """Read other values for some of this package's facts inside the block (a benchmark's refit without a fitted

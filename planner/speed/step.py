@@ -152,8 +152,9 @@ class SpeedSetup:
     optimizer: str
     adam_step: AdamStep = FUSED_STEP
     train_steps: int | None = None
-    #: traced micro-steps already timed (`_timed_micro_step`): a search times many configurations sharing one
-    timed: dict = field(default_factory=dict, compare=False, repr=False)
+    #: traced micro-steps already timed (`_timed_micro_step`): a search times many configurations sharing one. Not
+    #: an argument: a setup made from this one (`dataclasses.replace`, another Efficiency) times afresh
+    timed: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -219,8 +220,10 @@ def _timed_micro_step(setup: SpeedSetup, profile: Profile, scale: float, cfg: Co
 
 
 def _memo(setup: SpeedSetup, key: tuple, profile: Profile, compute):
-    """`compute(profile)` kept in `setup.timed` under `key` with the facts it read (`facts.cached`), and with the
-    profile itself, whose id the key holds: a profile made later under a freed one's id is timed anew."""
+    """`compute(profile)` kept in `setup.timed` under `key` and the facts overridden here, with the facts it read
+    (`facts.cached`) and the profile itself, whose id the key holds: a profile made later under a freed one's id is
+    timed anew."""
+    key += (facts.overridden(),)
     found = setup.timed.get(key)
     if found is not None and found[0][0] is not profile:
         del setup.timed[key]
