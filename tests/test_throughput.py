@@ -93,6 +93,27 @@ def test_metadata_queries_are_not_counted_as_dispatches():
     assert recorder.profile.dispatch[PY_KERNELS] == 3  # ones, add, sum
 
 
+def test_device_queries_pass_the_trace_modes_unrecorded(monkeypatch):
+    """C++ asking a fake tensor for its device reaches the dispatch modes as `prim.device` (two in three of a traced
+    step's dispatches): the op recorder and the live-storage tracker hand it on without looking at it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.program.profile import DEVICE_QUERY
+    from planner.program.tracker import LiveStorageTracker
+
+    looked_at = []
+    record, untracked = OpRecorder._record, LiveStorageTracker._untracked
+    monkeypatch.setattr(OpRecorder, "_record", lambda self, p, func, *a: looked_at.append(func) or record(self, p, func, *a))
+    monkeypatch.setattr(LiveStorageTracker, "_untracked", lambda self, t: looked_at.append(t) or untracked(self, t))
+    with FakeTensorMode():
+        weight, x = torch.empty(8, 4), torch.empty(2, 4)
+        recorder, tracker = OpRecorder(micro_batch=1, seq_len=2), LiveStorageTracker()
+        with tracker, recorder:
+            torch.nn.functional.linear(x, weight)  # C++ reads both tensors' devices
+    assert DEVICE_QUERY not in looked_at and looked_at
+
+
 #: Single-GPU training steps measured on a lent H100 (benchmarks/data/gpu_measured_h100.json): each row's micro-step
 #: and optimizer step, the truth the speed model's micro-step and optimizer step are compared with below.
 H100_MEASURED = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gpu_measured_h100.json"

@@ -14,7 +14,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-from planner.program.profile import _MATMULS
+from planner.program.profile import _MATMULS, DEVICE_QUERY
 
 
 #: Matmuls whose CUDA kernels hand cuBLAS only matrices it can address: an operand that is neither dense nor
@@ -126,6 +126,8 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func is DEVICE_QUERY:
+            return out
         fresh = [s for t in tree_flatten(out)[0]
                  if isinstance(t, torch.Tensor) and (s := self._untracked(t)) is not None]
         copies = cublas_operand_copies(func, args) if self.cuda_matmuls else 0
