@@ -104,7 +104,8 @@ def test_device_queries_pass_the_trace_modes_unrecorded(monkeypatch):
 
     looked_at = []
     record, untracked = OpRecorder._record, LiveStorageTracker._untracked
-    monkeypatch.setattr(OpRecorder, "_record", lambda self, p, func, *a: looked_at.append(func) or record(self, p, func, *a))
+    monkeypatch.setattr(OpRecorder, "_record",
+                        lambda self, p, func, *a: looked_at.append(func) or record(self, p, func, *a))
     monkeypatch.setattr(LiveStorageTracker, "_untracked", lambda self, t: looked_at.append(t) or untracked(self, t))
     with FakeTensorMode():
         weight, x = torch.empty(8, 4), torch.empty(2, 4)
@@ -920,6 +921,7 @@ def test_speed_profile_takes_one_trace_where_blocks_are_found(monkeypatch, model
 
     import planner.program.trace as trace_mod
     import planner.speed.model as speed_model
+
     config = (transformers.LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=160,
                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
                                        architectures=["LlamaForCausalLM"]) if model == "llama" else
@@ -928,7 +930,8 @@ def test_speed_profile_takes_one_trace_where_blocks_are_found(monkeypatch, model
                                     architectures=["T5ForConditionalGeneration"]))
     resolved = resolve_model(config)
     depths, run = [], trace_mod.run_trace
-    monkeypatch.setattr(trace_mod, "run_trace", lambda c, layers, *a, **k: depths.append(layers) or run(c, layers, *a, **k))
+    monkeypatch.setattr(trace_mod, "run_trace",
+                        lambda c, layers, *a, **k: depths.append(layers) or run(c, layers, *a, **k))
     monkeypatch.setattr(trace_mod, "load_json", lambda *a: None)  # traced now, whatever an earlier test stored
     monkeypatch.setattr(trace_mod, "_memory_cache", {})
     req = trace_mod.TraceRequest(micro_batch=2, seq_len=32, activations="half", checkpointing="none",
