@@ -109,6 +109,8 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)  # noqa: S603
     # a rank's own error comes before the launcher's summary: show the lines that name one
     causes = [ln for ln in done.stderr.splitlines() if re.search(r"Error|error:|terminate|what\(\)|Abort", ln)]
+    if done.returncode:  # the whole run, in the report's captured output: where a rank aborted, and after what
+        print(f"$ {' '.join(cmd)}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
     assert done.returncode == 0, ("\n".join(causes[-20:]), done.stdout[-2000:], done.stderr[-4000:])
     return done
 
