@@ -139,8 +139,7 @@ def get(key: str) -> Any:
     else:  # the packaged facts first: a search reads them tens of thousands of times
         found = _packaged().get(key)
         value = (found if found is not None else fact(key)).value
-    for used in _RECORDING.get():
-        used.add(key)
+    record(key)
     return value
 
 

@@ -121,7 +121,7 @@ def speed_trace_profiles(resolved, req: TraceRequest) -> tuple[tuple[int, Profil
 
     shallow, deep = speed_depths(resolved.config)
     point = traced(deep)
-    below = point.shallower if deep - shallow == 1 else None
+    below = point.shallower if _traced_depths(resolved.config) == (deep,) else None
     return ((shallow, Profile.from_json(below if below is not None else traced(shallow).profile)),
             (deep, Profile.from_json(point.profile)))
 

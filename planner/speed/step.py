@@ -152,7 +152,7 @@ class SpeedSetup:
     optimizer: str
     adam_step: AdamStep = FUSED_STEP
     train_steps: int | None = None
-    #: traced micro-steps already timed (`_timed_micro_step`): a search times many configurations sharing one. Not
+    #: traced micro-steps already timed (`step_time`): a search times many configurations sharing one. Not
     #: an argument: a setup made from this one (`dataclasses.replace`, another Efficiency) times afresh
     timed: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -182,18 +182,19 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
         residual = facts.get("inductor.compiled_device_residual")
         compile_once = traced.compile_effect.compile_seconds(spec.layers)
     scale = cfg.micro_batch / traced.micro_batch * sequence_split_share(cfg)  # a rank's share of the tokens
-    if profile is traced.profile:
-        micro = _timed_micro_step(setup, profile, scale, cfg, blocks, traced.tp_share)
-    else:  # a compiled step's profile, made for this call
-        micro = micro_step(profile, scale, cfg.precision, gpu, eff, blocks, cfg.tensor_parallel, traced.tp_share)
+    # configurations differing only in sharding, offload or accumulation share a traced micro-step; a compiled
+    # step's profile is made for this call, so its timing is kept nowhere
+    timed = setup.timed if profile is traced.profile else {}
+    key = (id(profile), scale, cfg.precision, blocks, cfg.tensor_parallel, traced.tp_share)
+    micro = _memo(timed, key, profile, lambda p: micro_step(p, scale, cfg.precision, gpu, eff, blocks,
+                                                            cfg.tensor_parallel, traced.tp_share))
     extra = dequantize_seconds(spec, cfg, gpu, eff) + tensor_parallel_seconds(spec, cfg, setup.seq_len,
                                                                                setup.gpus_per_node, gpu, eff)
     extra += sequence_split_seconds(spec, cfg, setup.seq_len, setup.gpus_per_node, gpu, eff)
     micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
     if converts(cfg):
         micro = _with_float8(micro, setup, cfg, traced, profile, scale)
-    backward = micro.seconds * (_backward_share(profile) if profile is not traced.profile
-                                else _memo(setup, ("backward", id(profile)), profile, _backward_share))
+    backward = micro.seconds * _memo(timed, ("backward", id(profile)), profile, _backward_share)
     parts = StepParts(
         compute=cfg.grad_accum * micro.seconds,
         optimizer=optimizer_seconds(spec, cfg, setup.optimizer, gpu, eff, setup.gpus_per_node, setup.adam_step),
@@ -210,24 +211,15 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
                           mfu=model_flops / total / peak, hfu=executed / total / peak, step_time_s=total, parts=parts)
 
 
-def _timed_micro_step(setup: SpeedSetup, profile: Profile, scale: float, cfg: Config, blocks: int,
-                      tp_share: float) -> MicroStep:
-    """`micro_step` of a traced profile, once per profile and shape in a setup: the configurations that differ only in
-    sharding, offload or accumulation run the same micro-step."""
-    key = (id(profile), scale, cfg.precision, blocks, cfg.tensor_parallel, tp_share)
-    return _memo(setup, key, profile, lambda p: micro_step(p, scale, cfg.precision, setup.gpu, setup.eff, blocks,
-                                                          cfg.tensor_parallel, tp_share))
-
-
-def _memo(setup: SpeedSetup, key: tuple, profile: Profile, compute):
-    """`compute(profile)` kept in `setup.timed` under `key` and the facts overridden here, with the facts it read
+def _memo(timed: dict, key: tuple, profile: Profile, compute):
+    """`compute(profile)` kept in `timed` under `key` and the facts overridden here, with the facts it read
     (`facts.cached`) and the profile itself, whose id the key holds: a profile made later under a freed one's id is
     timed anew."""
     key += (facts.overridden(),)
-    found = setup.timed.get(key)
+    found = timed.get(key)
     if found is not None and found[0][0] is not profile:
-        del setup.timed[key]
-    return facts.cached(setup.timed, key, lambda: (profile, compute(profile)))[1]
+        del timed[key]
+    return facts.cached(timed, key, lambda: (profile, compute(profile)))[1]
 
 
 def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: TracedStep, profile: Profile,
