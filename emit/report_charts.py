@@ -9,6 +9,9 @@ from planner import facts
 from planner.render import GiB, fmt_seconds, fmt_tokens, gib
 from planner.vocab import ESTIMATE
 
+#: The sources of a speed that is the model's (corrected or not): the ones measured runs' error bars are about.
+MODELLED = ("model", "corrected")
+
 #: render.py's memory parts (field: label, colour), in the hues of its bar (cyan, magenta, yellow, green, red, grey)
 PARTS = {"parameters": ("weights", "#2aa7c9"), "gradients": ("gradients", "#b44fc4"),
          "optimizer_states": ("optimizer states", "#e3b32c"), "activations": ("activations", "#4caf50"),
@@ -149,8 +152,8 @@ def speed_chart(plan):
     caption = (f"Tokens/s against peak memory for all {sum(map(len, groups.values()))} candidates: grey ones are "
                f"over the budget, orange ones fit and are within {tie - 1:.0%} of the chosen (the star), which wins "
                "them on fewer moving parts. Hover a point for its configuration and why it lost (the table below "
-               "lists them too). Speeds are the model's, as ranked (the header says the chosen's as runs like it "
-               "measured). "
+               "lists them too). Speeds are the plan's, as ranked: the model's, corrected by the median of measured "
+               "runs like the chosen where some were. "
                f"Error bars on the chosen: {band_text(plan.memory_error, 'peak')} "
                f"{band_text(plan.throughput_error, 'step time')} Peaks past {CLAMP_CARDS:g} cards sit at the edge.")
     return "speed", "Speed against memory, every candidate", to_svg(fig, "speed", tips), caption
@@ -164,9 +167,10 @@ def _speed_bands(ax, plan) -> None:
     if mem_bar is not None and mem_bar.measured:
         ax.plot([v / GiB for v in mem_bar.bounds(c.memory.peak_process)], [y, y], color="#222", marker="|", ms=10,
                 lw=1.1, gid="band-peak", zorder=5)
-    if tp_bar is not None and tp_bar.measured and c.throughput.source == "model":
-        ax.plot([x, x], tp_bar.bounds(y, rate=True), color="#222", marker="_", ms=10, lw=1.1, gid="band-speed",
-                zorder=5)
+    if tp_bar is not None and tp_bar.measured and c.throughput.source in MODELLED:  # the runs' ratios are the model's
+        modelled = y * c.throughput.step_time_s / c.throughput.modelled_step_time_s
+        ax.plot([x, x], tp_bar.bounds(modelled, rate=True), color="#222", marker="_", ms=10, lw=1.1,
+                gid="band-speed", zorder=5)
 
 
 def step_parts(tp) -> dict[str, float]:
@@ -194,9 +198,9 @@ def step_chart(plan):
                         ax.get_legend_handles_labels()[1] else None).patches[0].set_gid(f"part-{i}-{field}")
                 tips[f"part-{i}-{field}"] = [f"{label}: {fmt_seconds(parts[field])}"]
                 left += parts[field]
-    step, bar = plan.choice.throughput.step_time_s, plan.throughput_error
+    step, bar = plan.choice.throughput.modelled_step_time_s, plan.throughput_error
     xmax = 2.5 * max(c.throughput.step_time_s for c in rows)
-    if bar is not None and bar.measured and plan.choice.throughput.source == "model":
+    if bar is not None and bar.measured and plan.choice.throughput.source in MODELLED:
         range_bar(ax, 0, bar.bounds(step), xmax, "band")
     ax.set_yticks(range(len(rows)), [wrap_label(("chosen: " if i == 0 else "") + c.config.label())
                                      for i, c in enumerate(rows)])

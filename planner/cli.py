@@ -36,7 +36,6 @@ from emit.report import check_report, receipt_rows, report_available, write_repo
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
 from planner.models.presets import presets
-from planner.receipts import read_receipts
 from planner.render import comparison_table, render_no_fit, render_plan
 from planner.request import PlanRequest, flag_of, input_error, option
 from planner.vocab import NO_OFFLOAD

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.vocab import (
     ADAPTER, CHECKPOINTING, DEEPSPEED, DEFAULT_SHARDING_ENGINE, ENGINE, FSDP, NO_CHECKPOINTING, OFFLOAD, OPTIMIZER,
-    PADDING, PRECISION, UNSHARDED_ENGINE, Checkpointing, Engine, Offload, Padding, Precision,
+    PADDING, PRECISION, SPLIT_OFF, UNSHARDED_ENGINE, Checkpointing, Engine, Offload, Padding, Precision,
 )
 from planner.vocab import activation_family as family_for
 
@@ -259,6 +259,18 @@ class Config(BaseModel):
     def family_text(family: tuple) -> str:
         """A family as text (the key of a plan's calibration table)."""
         return " / ".join(str(x) for x in family)
+
+    def request_fields(self) -> dict:
+        """The `PlanRequest` fields that pin this configuration (`planner.plan(..., **fields)` plans it again): its
+        split, precision, checkpointing, sharding, offload, tensor and sequence splits, compile and Liger switches."""
+        switch = {True: "on", False: "off"}
+        split = {n: (str(n) if n > 1 else SPLIT_OFF)
+                 for n in (self.tensor_parallel, self.context_parallel, self.sequence_parallel)}
+        fields = {"micro_batch": self.micro_batch, "precision": self.precision, "checkpointing": self.checkpointing,
+                  "zero_stage": self.zero_stage, "offload": self.offload, "compile": switch[self.compiled],
+                  "liger": switch[self.liger], "tensor_parallel": split[self.tensor_parallel],
+                  "context_parallel": split[self.context_parallel], "sequence_parallel": split[self.sequence_parallel]}
+        return {**fields, "engine": self.engine} if self.sharded else fields
 
     # --- ranking and display
     def structure(self) -> int:

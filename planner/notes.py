@@ -66,7 +66,11 @@ NOTE: dict[str, NoteInfo] = {
     "qlora-not-probed": NoteInfo("QLoRA plans are not probed", False),
     "receipts": NoteInfo("speeds calibrated on receipts of earlier runs on this GPU", True),
     "receipts-memory": NoteInfo("memory of the chosen family calibrated on receipts of earlier runs on this GPU", True),
-    "receipt-skipped": NoteInfo("a receipt file that could not be read", True),
+    "receipts-choice": NoteInfo("receipts of earlier runs changed the chosen configuration", True),
+    "receipts-unnamed": NoteInfo("receipts that name no device were taken as run on the GPU they were planned for",
+                                 True),
+    "receipts-unused": NoteInfo("receipts that taught this plan nothing: other runs on this GPU, other devices, "
+                                "unreadable files", True),
     "probes": NoteInfo("what the probes measured and how the rest was re-timed", False),
     "missing-package": NoteInfo("the plan needs a package that does not import here", True),
     "dataset-truncated": NoteInfo("samples longer than --max-length are cut", True),

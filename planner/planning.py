@@ -29,13 +29,11 @@ from planner.models.build import effective_attention, model_class, samples_kept_
 from planner.notes import Note, Verdict, note
 from planner.program.float8 import Float8Linears, torchao_missing
 from planner.program.liger import applies, patches_for
+from planner import calibration
 from planner.receipts import read_receipts
-from planner.refine import (
-    DEFAULT_PROBE_BUDGET_S, gpu_receipts, receipt_memory, receipt_speeds, recalibrated_memory,
-    refine_with_measurements, retimed,
-)
+from planner.refine import DEFAULT_PROBE_BUDGET_S, refine_with_measurements
 from planner.render import no_fit_message, suggestion_text
-from planner.request import PlanRequest, flag_of
+from planner.request import PlanRequest, flag_of, prediction_request
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, rank, search, speed_of
 from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
@@ -43,11 +41,12 @@ from planner.suggest import suggestions
 from planner.uncertainty import Stratum, bar_for
 from planner.types import (
     Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, ReceiptCheck, Requirement,
+    SpeedCorrection,
 )
 from planner.vocab import (
     ADAPTER, ATTENTION, AUTO, AUTO_SPLIT_FROM, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED,
     DEFAULT_PRECISION, EAGER, ENGINE, FP32, FULL, GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE,
-    PACKING, PADDING, PADDING_FREE, PRECISION, SDPA, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
+    PACKING, PADDING, PADDING_FREE, PRECISION, SDPA, SPLIT_OFF, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 
@@ -105,21 +104,22 @@ def plan(model, global_batch: int, *, measure: Callable | None = None, progress:
 def plan_request(request: PlanRequest, *, measure: Callable | None = None, progress: Callable | None = None,
                  probe_budget_s: float | None = None, detect: bool = True) -> Plan:
     """`plan` for a validated request."""
-    receipts, skipped = read_receipts([request.receipts] if request.receipts else [], cache=request.use_receipts)
+    receipts, unreadable = read_receipts([request.receipts] if request.receipts else [], cache=request.use_receipts)
     job = resolve_job(request, resolve_hardware(request, detect), progress)
     ranked = search(job.gpu, search_space(job), job.evaluator, job.hardware.budget_bytes,
                     host_budget=job.hardware.host_memory_bytes, speed=job.speed, progress=progress)
-    speeds = receipt_speeds(receipts, job.gpu.name)
-    memory = receipt_memory(receipts, job.gpu.name, job.spec.name, job.seq_len, job.evaluator.estimate)
-    ranked = with_receipts(ranked, speeds, memory, job.hardware.budget_bytes)
+    ranked, correction = corrected_speeds(ranked, job)
+    lessons = calibration.learn(receipts, unreadable, receipt_workload(job))
+    before = ranked[0]
+    ranked = calibration.applied(ranked, lessons, job.hardware.budget_bytes, rank)
     ranked += hardware_rejections(request.precision, job.gpu, ranked[0])
-    notes = search_notes(job, ranked) + receipt_notes(ranked[0], speeds, memory, skipped)
-    checks = receipt_checks(receipts, job)
+    notes = search_notes(job, ranked) + calibration.notes(before, ranked[0], lessons)
     draft = Plan(model=ModelInfo.of(job.spec, job.seq_len, job.resolved.adapter), hardware=job.hardware,
                  seq_len=job.seq_len, optimizer=request.optimizer, attention=job.attention, choice=ranked[0],
                  candidates=tuple(ranked), lr=learning_rate(ranked[0], job), notes=notes,
-                 dataset=dataset_summary(job, ranked[0].config), speed_calibrations=tuple(speeds.values()),
-                 receipt_checks=checks)
+                 dataset=dataset_summary(job, ranked[0].config), speed_calibrations=tuple(lessons.speeds.values()),
+                 receipt_checks=receipt_checks(lessons.like, job), speed_correction=correction,
+                 request=prediction_request(request))
     if not ranked[0].fits:
         levers = suggestions(draft, job.evaluator, job.gpu, request.offload,
                              "max_length" if job.data else "seq_len")
@@ -281,7 +281,7 @@ def search_space(job: Job) -> SearchSpace:
         checkpointing=tuple(CHECKPOINTING) if request.checkpointing is None else (request.checkpointing,),
         zero_stages=_zero_stages(request.zero_stage, world, offloads, request.engine), offloads=offloads,
         micro_batch=request.micro_batch, engine=request.engine, optimizer=request.optimizer, packed_rows=job.packed_rows,
-        adapter=job.spec.adapter, tensor_parallel=tensor_parallel_sizes(job.resolved, hardware.gpus_per_node)[0],
+        adapter=job.spec.adapter, **tensor_parallel_splits(job),
         **splits,
         compiled=_compiled(request.compile, job.run_steps), train_steps=job.run_steps, paddings=paddings(job),
         liger=_liger(job))
@@ -388,6 +388,25 @@ def _liger(job: Job) -> tuple[bool, ...]:
     raise InputError(f"Liger-Kernel does not apply: {problem}", flag="--liger", hint="Use --liger off (or auto).")
 
 
+def tensor_parallel_splits(job: Job) -> dict:
+    """The tensor-parallel sizes to search (`SearchSpace.tensor_parallel`, `.whole_layers`): those the model's plan
+    and the node allow under auto, none when off, or the one pinned (an InputError saying why where it cannot
+    run)."""
+    request = job.request
+    sizes, missing = tensor_parallel_sizes(job.resolved, job.hardware.gpus_per_node)
+    pinned = request.split_sizes("tensor_parallel")
+    if request.tensor_parallel == SPLIT_OFF:
+        return {"tensor_parallel": ()}
+    if pinned is None:
+        return {"tensor_parallel": sizes}
+    if pinned not in sizes:
+        why = (f"{job.spec.architecture} has no tensor-parallel plan in this transformers" if missing is not None
+               and missing.kind == "no-tp-plan" else f"{pinned} GPUs do not split {job.spec.name}'s layers within a "
+               f"node of {job.hardware.gpus_per_node} GPUs" + (f" ({', '.join(map(str, sizes))} do)" if sizes else ""))
+        raise InputError(why, flag="--tensor-parallel", hint="Use another size, or off.")
+    return {"tensor_parallel": (pinned,), "whole_layers": False}
+
+
 def tensor_parallel_sizes(resolved, gpus_per_node: int) -> tuple[tuple[int, ...], Note | None]:
     """Tensor-parallel sizes worth planning within a node, and why there are none: the model's transformers TP plan
     (`config.base_model_tp_plan`, which `from_pretrained(tp_plan="auto")` applies) must exist, and a size must divide
@@ -476,44 +495,63 @@ def hardware_rejections(precision: str, gpu, first: Candidate) -> list[Candidate
             for p, info in PRECISION.items() if info.in_auto and not info.packages and (problem := gpu.cannot_run(p))]
 
 
-def with_receipts(ranked: list[Candidate], speeds: dict, memory: dict, budget: int) -> list[Candidate]:
-    """The candidates re-timed and their memory recalibrated by what receipts of earlier runs on this GPU measured
-    (`receipt_speeds`: per precision family; `receipt_memory`: per configuration family), the fitting ones ranked
-    again."""
-    if not speeds and not memory:
-        return ranked
-    updated = [retimed(recalibrated_memory(c, memory, budget), speeds) for c in ranked]
-    return rank([c for c in updated if c.fits]) + [c for c in updated if not c.fits]
+def receipt_workload(job: Job) -> calibration.Workload:
+    """What receipts are matched to: this plan's GPU, model, sequence, adapter and GPUs, and today's model of a
+    configuration."""
+    hardware = job.hardware
+    return calibration.Workload(gpu=job.gpu.name, model=receipt_model_name(job), seq_len=job.seq_len,
+                                adapter=job.spec.adapter, world_size=hardware.gpus_per_node * hardware.nodes,
+                                estimate=job.evaluator.estimate, speed=job.speed)
 
 
-def receipt_checks(receipts: list[dict], job: Job) -> tuple[ReceiptCheck, ...]:
-    """Each earlier run of this model and sequence on this GPU, measured against what the planner predicts today for
-    the configuration it ran (beside what its plan predicted then)."""
+def receipt_model_name(job: Job) -> str:
+    """The model's name as a receipt records it: a local folder by its name only (planner/receipts `run_plan`)."""
+    spec = job.spec
+    return os.path.basename(os.path.normpath(spec.name)) if spec.source == "folder" else spec.name
+
+
+def receipt_checks(like, job: Job) -> tuple[ReceiptCheck, ...]:
+    """Each earlier run like this plan (its model and sequence on this GPU), measured against what the planner
+    predicts today for the configuration it ran (beside what its plan printed then)."""
     out = []
-    for run, r in enumerate(gpu_receipts(receipts, job.gpu.name, job.spec.name, job.seq_len), start=1):
-        config = Config.model_validate(r["plan"]["choice"])
+    for run, r in enumerate(like, start=1):
+        config = r.plan.choice
         memory, speed = job.evaluator.estimate(config), job.speed(config)
         today = {"peak_allocated": memory.peak_allocated, "peak_reserved": memory.peak_reserved,
                  "peak_process": memory.peak_process, "step_time_s": speed.step_time_s,
                  "tokens_per_s": speed.tokens_per_s}
         out += [ReceiptCheck(run=run, label=config.label(), quantity=quantity, predicted=value,
-                             predicted_then=r["predicted"].get(quantity), measured=r["measured"][quantity])
-                for quantity, value in today.items() if r["measured"].get(quantity) and value > 0]
+                             predicted_then=r.predicted.printed.get(quantity), measured=r.measured.get(quantity))
+                for quantity, value in today.items() if r.measured.get(quantity) and value > 0]
     return tuple(out)
 
 
-def receipt_notes(choice: Candidate, speeds: dict, memory: dict, skipped: list[str]) -> tuple[Note, ...]:
-    """What receipts changed in this plan (the chosen family's calibrations), and each receipt file skipped."""
-    notes = tuple(note("receipt-skipped", why=line) for line in skipped)
-    speed = speeds.get(choice.config.precision_family())
-    if speed is not None:
-        notes += (note("receipts", runs=speed.probes, precision=speed.precision, ratio=speed.micro_step,
-                       low=speed.low, high=speed.high),)
-    calib = memory.get(choice.config.family())
-    if calib is not None:
-        notes += (note("receipts-memory", runs=calib.runs, family=Config.family_text(choice.config.family()),
-                       activation_ratio=calib.activation_ratio, slack=calib.allocator_slack),)
-    return notes
+def corrected_speeds(ranked: list[Candidate], job: Job) -> tuple[list[Candidate], SpeedCorrection | None]:
+    """Every modelled candidate's step time times the median measured / predicted step time of the runs like the
+    fastest fitting one (its stratum's error bar, planner/uncertainty.py), never below what the GPU's dense peak
+    allows: one correction for all, so the ranking stands and every figure shown is on one basis. None where no
+    run like it was measured."""
+    top = next((c for c in ranked if c.fits and c.throughput is not None), None)
+    if top is None:
+        return ranked, None
+    bar = bar_for("throughput", stratum_of(top.config, job))
+    if not bar.measured:
+        return ranked, None
+    factor = bar.spread.median
+    correction = SpeedCorrection(factor=factor, stratum=bar.stratum.key, pooled=bar.pooled, n=bar.spread.n)
+    return [_corrected(c, factor) for c in ranked], correction
+
+
+def _corrected(cand: Candidate, factor: float) -> Candidate:
+    tp = cand.throughput
+    if tp is None or tp.source != "model":
+        return cand
+    step = tp.step_time_s * max(factor, tp.hfu)  # the executed FLOPs stay under the dense peak
+    return cand.model_copy(update={"throughput": tp.corrected(step, source="corrected")})
+
+
+def stratum_of(cfg: Config, job: Job) -> Stratum:
+    return Stratum.of_config(cfg, job.gpu.name, job.hardware.gpus_per_node, job.spec.adapter)
 
 
 def search_notes(job: Job, ranked: list[Candidate]) -> tuple[Note, ...]:
@@ -723,7 +761,7 @@ def finished(result: Plan, job: Job) -> Plan:
     if data is not None and data.row_length != result.seq_len:  # packed rows, longer than any sample
         result = result.model_copy(update={"seq_len": data.row_length,
                                            "model": result.model.model_copy(update={"seq_len": data.row_length})})
-    stratum = Stratum.of_config(result.choice.config, job.gpu.name, job.hardware.gpus_per_node, job.spec.adapter)
+    stratum = stratum_of(result.choice.config, job)
     errors = {kind: ErrorBar.of(bar_for(kind, stratum)) for kind in ERROR_KINDS}
     notes = tuple(note("missing-package", package=r.package, install=r.install) for r in requirements
                   if not r.installed)

@@ -26,6 +26,9 @@ class ReceiptCallback(TrainerCallback):
         tokens = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size * self.seq_len
         self.meter = Meter(self.data, self.folder or args.output_dir, warmup=self.warmup, tokens_per_step=tokens,
                            cache=self.cache)
+        # what the Trainer runs, whatever was planned: its Liger switch (transformers/trainer.py applies the patches
+        # where `use_liger_kernel` is set)
+        self.meter.ran(liger=bool(getattr(args, "use_liger_kernel", False)))
         self._seen = state.num_input_tokens_seen
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -167,27 +167,6 @@ def family_calibrations(runs: list[tuple]) -> dict[tuple, FamilyCalibration]:
     return out
 
 
-def receipt_memory(receipts: list[dict], gpu: str, model: str, seq_len: int,
-                   estimate: Callable) -> dict[tuple, FamilyCalibration]:
-    """Per configuration family, what GPU receipts of runs of this model and sequence planned for `gpu` measured of
-    memory, against what the planner predicts today for the very configuration each ran (`estimate`): the family's
-    activations, allocator slack and bytes outside the allocator (`family_calibrations`)."""
-    runs = []
-    for r in gpu_receipts(receipts, gpu, model, seq_len):
-        measured = r["measured"]
-        if measured.get("peak_allocated") and measured.get("peak_reserved"):
-            config = Config.model_validate(r["plan"]["choice"])
-            runs.append((config, estimate(config), measured["peak_allocated"], measured["peak_reserved"],
-                         measured.get("peak_process")))
-    return family_calibrations(runs)
-
-
-def gpu_receipts(receipts: list[dict], gpu: str, model: str | None = None, seq_len: int | None = None) -> list[dict]:
-    """The receipts of runs measured on a CUDA GPU, planned for `gpu` (and, where given, of `model` at `seq_len`)."""
-    return [r for r in receipts if r["plan"]["hardware"]["gpu"] == gpu and (r.get("device") or {}).get("kind") == "cuda"
-            and (model is None or (r["plan"].get("model"), r["plan"].get("seq_len")) == (model, seq_len))]
-
-
 def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int, method: str = "probe-calibrated") -> Candidate:
     """An unprobed candidate of a probed (or, `method` receipt-calibrated, earlier run) family, its activation,
     allocator-slack and (where measured) outside-the-allocator terms corrected."""
@@ -205,7 +184,8 @@ def _calibrated(cand: Candidate, calib: FamilyCalibration, budget: int, method: 
                                      "nccl_buffers": nccl})
     memory = mem.model_copy(update={"activations": act, "peak_allocated": peak_allocated, "peak": peak,
                                     "method": method, "margin_basis": NO_MARGIN, "margin_rows": 0, "terms": terms,
-                                    "overhead": terms.allocated_overheads + slack + terms.outside_allocator})
+                                    "overhead": terms.allocated_overheads + slack + terms.outside_allocator,
+                                    "model": mem.modelled()})
     return cand.model_copy(update={"memory": memory, "verdict": Verdict.of_peak(peak, budget, memory.method)})
 
 
@@ -225,21 +205,6 @@ def speed_calibrations_from(measured: dict) -> dict[str, SpeedCalibration]:
                                      optimizer_step=statistics.median(optim) if optim else 1.0, probes=len(micro),
                                      precision=family)
             for family, (micro, optim) in ratios.items()}
-
-
-def receipt_speeds(receipts: list[dict], gpu: str) -> dict[str, SpeedCalibration]:
-    """Per precision family, the median measured / predicted step time of the GPU runs planned for `gpu`: what
-    receipts pin of a plan's speed on that GPU (their memory is left as modelled)."""
-    ratios: dict[str, list[float]] = {}
-    for r in gpu_receipts(receipts, gpu):
-        measured, expected = r["measured"].get("step_time_s"), r["predicted"].get("step_time_s")
-        if not measured or not expected:
-            continue
-        family = Config.model_validate(r["plan"]["choice"]).precision_family()
-        ratios.setdefault(family, []).append(measured / expected)
-    return {family: SpeedCalibration(micro_step=statistics.median(r), optimizer_step=statistics.median(r),
-                                     probes=len(r), precision=family, source="receipts", low=min(r), high=max(r))
-            for family, r in ratios.items()}
 
 
 def recalibrated_memory(cand: Candidate, memory: dict[tuple, FamilyCalibration], budget: int) -> Candidate:
@@ -265,8 +230,7 @@ def _recalibrated(cand: Candidate, calib: SpeedCalibration) -> Candidate:
         return cand
     parts = tp.parts.model_copy(update={"compute": tp.parts.compute * calib.micro_step,
                                         "optimizer": tp.parts.optimizer * calib.optimizer_step})
-    source = "receipts" if calib.source == "receipts" else "calibrated"
-    return cand.model_copy(update={"throughput": tp.at_step_time(parts.total, parts=parts, source=source)})
+    return cand.model_copy(update={"throughput": tp.corrected(parts.total, source="calibrated", parts=parts)})
 
 
 def _rerank(plan, measured: dict, records: list[ProbeRecord]):
@@ -307,7 +271,7 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     mem = cand.memory
     peak = _measured_peak(result, cand)
     memory = mem.model_copy(update={"peak_allocated": result.peak_allocated, "peak": peak, "method": "probe",
-                                    "margin_basis": NO_MARGIN, "margin_rows": 0,
+                                    "margin_basis": NO_MARGIN, "margin_rows": 0, "model": mem.modelled(),
                                     "terms": mem.terms.model_copy(
                                         update={"allocator_slack": result.peak_reserved - result.peak_allocated,
                                                 "error_margin": 0})})
@@ -319,6 +283,7 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
     if result.processes < cfg.world_size:  # ranks measured alone: add what they did not do, the communication
         step_s += model_tp.parts.communication
         source = "probe+model"
-    throughput = model_tp.at_step_time(step_s, source=source, parts=StepParts())
+    throughput = model_tp.at_step_time(step_s, source=source, parts=StepParts(),
+                                       model_step_time_s=model_tp.modelled_step_time_s)
     return cand.model_copy(update={"memory": memory, "throughput": throughput,
                                    "verdict": Verdict.of_peak(peak, budget, memory.method)})

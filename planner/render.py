@@ -151,30 +151,32 @@ def _data(plan) -> list[str]:
 
 
 def speed_line(tp, error) -> str:
-    """Tokens/s and step time, as a range where they are modelled and the model's error on runs like this is known."""
+    """Tokens/s and step time: the figure the plan ranks by (--json's `tokens_per_s`), and where it is the model's,
+    corrected or not, how far runs like it measured from it."""
     what = "tokens of data/s" if tp.real_tokens_per_s is not None else "tokens/s"
     speed = tp.useful_tokens_per_s
-    if error is None or tp.source != "model" or not error.measured:
+    head = f"~{fmt_tokens(speed)} {what}, step {fmt_seconds(tp.step_time_s)}"
+    if error is None or tp.source not in ("model", "corrected") or not error.measured:
         unmeasured = "; nothing like it measured" if tp.source == "model" and error is not None else ""
-        return (f"~{fmt_tokens(speed)} {what}, step {fmt_seconds(tp.step_time_s)}, MFU {tp.mfu:.0%} "
-                f"({_speed_source(tp.source)}{unmeasured})")
+        return f"{head}, MFU {tp.mfu:.0%} ({_speed_source(tp.source)}{unmeasured})"
+    modelled = speed * tp.step_time_s / tp.modelled_step_time_s  # the speed model's own figure
+    factor = tp.step_time_s / tp.modelled_step_time_s
     pooled = f", pooled over {', '.join(error.pooled)}" if error.pooled else ""
-    if error.covers == 1.0:  # too few rows for percentiles: the median and the worst, and n
-        typical, slowest = speed / error.median, error.bounds(speed, rate=True)[0]
-        return (f"~{fmt_tokens(typical)} {what}, step {fmt_seconds(tp.step_time_s * error.median)}; at worst "
-                f"{fmt_tokens(slowest)} (modelled, corrected by the median and the worst of {error.n} runs like it"
-                f"{pooled})")
-    low, high = error.bounds(speed, rate=True)
-    steps = (speed / high * tp.step_time_s, speed / low * tp.step_time_s)
-    unit, scale = ("s", 1) if steps[0] >= 1 else ("ms", 1e3)
-    digits = 1 if steps[1] * scale >= 10 else 2
-    step = f"{steps[0] * scale:.{digits}f}-{steps[1] * scale:.{digits}f} {unit}"
-    return (f"{fmt_tokens(low)}-{fmt_tokens(high)} {what}, step {step} (modelled; {error.covers:.0%} of {error.n} "
-            f"runs like it fell within{pooled})")
+    if error.covers == 1.0:  # too few runs for percentiles: the median and the worst, and n
+        slowest = error.bounds(modelled, rate=True)[0]
+        basis = f"modelled step time x{factor:.2f}, the median of {error.n} runs like it" \
+            if tp.source == "corrected" else \
+            f"modelled; {error.n} runs like it took x{error.median:.2f} the modelled step time at the median"
+        return f"{head}; at worst {fmt_tokens(slowest)} ({basis}, x{error.high:.2f} at worst{pooled})"
+    low, high = error.bounds(modelled, rate=True)
+    basis = f"modelled step time x{factor:.2f}, the median of {error.n} runs" if tp.source == "corrected" else \
+        f"modelled; {error.n} runs"
+    return f"{head}; {fmt_tokens(low)}-{fmt_tokens(high)} on {error.covers:.0%} of runs like it ({basis}{pooled})"
 
 
 def _speed_source(source: str) -> str:
-    return {"model": "modelled", "calibrated": "modelled, calibrated by probes",
+    return {"model": "modelled", "corrected": "modelled, corrected by measured runs like it",
+            "calibrated": "modelled, calibrated by probes",
             "receipts": "modelled, calibrated on earlier runs on this GPU: see the note", "probe": "measured",
             "probe+model": "measured, communication modelled"}[source]
 
@@ -625,14 +627,19 @@ NOTE_TEXT = {
                                       "(--attention flash keeps them apart)."),
     "missing-package": lambda v: (f"The plan needs {v['package']}, which is not installed here: {v['install']} "
                                   "(on the machine that trains)."),
-    "receipts": lambda v: (f"Speeds calibrated on {v['runs']} run(s) on this GPU ({v['precision']}; receipts): their steps "
-                           f"took x{v['ratio']:.2f} the modelled time (x{v['low']:.2f}-x{v['high']:.2f}), so every "
-                           f"{v['precision']} candidate is re-timed by it"),
+    "receipts": lambda v: (f"Speeds calibrated on {v['runs']} run(s) of this model on this GPU ({v['precision']}; "
+                           f"receipts): their steps took x{v['ratio']:.2f} the time the model gives their "
+                           f"configurations today (x{v['low']:.2f}-x{v['high']:.2f}), so every {v['precision']} "
+                           "candidate's modelled step time is re-timed by it"),
     "receipts-memory": lambda v: (f"Memory calibrated on {v['runs']} run(s) on this GPU ({v['family']}; receipts): "
                                   f"activations x{v['activation_ratio']:.2f} the model's, allocator slack "
                                   f"{v['slack']:.0%} of them; their measurement replaces the error margin for every "
                                   "candidate of that family"),
-    "receipt-skipped": lambda v: f"A receipt was not read: {v['why']}",
+    "receipts-choice": lambda v: (f"Receipts changed the choice: {v['after']} instead of {v['before']}, which the model "
+                                  "alone ranks first."),
+    "receipts-unnamed": lambda v: (f"{v['runs']} receipt(s) name no device: taken as run on the GPU they were planned "
+                                   "for (a run's own receipt names it)."),
+    "receipts-unused": lambda v: _unused_receipts_text(v),
     "probes": lambda v: (f"Probes: {v['run']} run ({v['cached']} from cache) in {v['seconds']:.0f} s; {v['confirmed']} "
                          "confirmed by measurement; unprobed candidates of a probed precision re-timed with its "
                          "measured/modelled ratios (the probes table)."
@@ -647,6 +654,16 @@ NOTE_TEXT = {
                             "it with LayerNorm or GroupNorm, synchronise it across GPUs "
                             "(torch.nn.SyncBatchNorm.convert_sync_batchnorm), or pin a larger --micro-batch."),
 }
+
+
+def _unused_receipts_text(v: dict) -> str:
+    parts = []
+    if v["unlike"]:
+        parts.append(f"{v['unlike']} of other runs on this GPU (another model, sequence, adapter or number of GPUs) "
+                     "re-time nothing here")
+    if v["skipped"]:
+        parts.append(f"{v['skipped']} skipped ({v['reasons']})")
+    return "Receipts: " + "; ".join(parts) + "."
 
 
 def _padding_text(v: dict) -> str:

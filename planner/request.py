@@ -4,6 +4,7 @@ A validation failure becomes one InputError naming the flag to fix."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -136,6 +137,9 @@ class PlanRequest(_Request):
                                   + ". auto compiles where it is faster over the run (give its length).")
     liger: LigerMode = option(AUTO, help="Liger-Kernel's Triton kernels (the Trainer's use_liger_kernel): "
                               + choices_text(LIGER) + ". auto weighs them where liger-kernel is installed here.")
+    tensor_parallel: str = option(AUTO, help="Split each layer across N GPUs of a node (transformers' tensor-parallel "
+                                  "plan, with FSDP2 over the rest): auto (weighed where the model has a plan), off, "
+                                  "or N.")
     context_parallel: str = option(AUTO, help="Split each sequence across N GPUs by ring attention (accelerate's "
                                    "cp_size, FSDP2): auto (weighed from 16,384 tokens), off, or N.")
     sequence_parallel: str = option(AUTO, help="Split each sequence across N GPUs by DeepSpeed's Ulysses all-to-alls "
@@ -173,7 +177,7 @@ class PlanRequest(_Request):
     def _offload(cls, value):
         return {True: ANY_OFFLOAD, False: NO_OFFLOAD}.get(value, value) if isinstance(value, bool) else value
 
-    @field_validator("context_parallel", "sequence_parallel", mode="before")
+    @field_validator("tensor_parallel", "context_parallel", "sequence_parallel", mode="before")
     @classmethod
     def _split(cls, value, info):
         text = str(value).strip().lower()
@@ -244,6 +248,26 @@ class PlanRequest(_Request):
     def world_size(self) -> int | None:
         """GPUs in all, where the GPUs per node are given."""
         return None if self.gpus_per_node is None else self.gpus_per_node * self.nodes
+
+
+#: PlanRequest fields a plan of one configuration does not need to predict it again: the model (given apart), the
+#: configuration's own (`Config.request_fields` pins them), the data, the receipts, the learning rate, an adapter object.
+NOT_PREDICTION_FIELDS = frozenset({
+    "model", "micro_batch", "precision", "checkpointing", "zero_stage", "engine", "offload", "compile", "liger",
+    "tensor_parallel", "context_parallel", "sequence_parallel", "padding", "dataset", "text_field", "tokenizer",
+    "max_length", "epochs", "dataset_rows", "receipts", "use_receipts", "lr", "lr_batch", "lr_scaling", "adapter"})
+
+
+def prediction_request(request: PlanRequest) -> dict | None:
+    """The keyword arguments of `planner.plan` besides a configuration's own that predict as `request` did (None for
+    a model given as an object, a local folder (a receipt names no path) or a dataset's plan (its lengths are the
+    data's): today's planner cannot plan those again from a receipt)."""
+    model = request.model
+    if not isinstance(model, str) or request.dataset is not None or request.adapter is not None \
+            or os.path.isdir(os.path.expanduser(model)):
+        return None
+    return {"model": model, **{field: getattr(request, field) for field in PlanRequest.model_fields
+                               if field not in NOT_PREDICTION_FIELDS}}
 
 
 #: PlanRequest fields that only mean something with --dataset

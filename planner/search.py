@@ -47,6 +47,7 @@ class SearchSpace:
     optimizer: str = DEFAULT_OPTIMIZER
     adapter: str = NO_ADAPTER                 # what trains (`vocab.ADAPTER`)
     tensor_parallel: tuple[int, ...] = ()     # tensor-parallel sizes > 1 to plan beside data parallelism
+    whole_layers: bool = True                 # plan configurations that keep each layer on one GPU
     context_parallel: tuple[int, ...] = ()    # ring-attention sizes > 1 (FSDP2), beside unsplit sequences
     sequence_parallel: tuple[int, ...] = ()   # Ulysses sizes > 1 (DeepSpeed), beside unsplit sequences
     whole_sequences: bool = True              # plan configurations that keep each sequence on one GPU
@@ -92,8 +93,8 @@ def enumerate_configs(space: SearchSpace) -> list[Config]:
 
 def _splits(space: SearchSpace, rows: int) -> list[Config]:
     """The configurations of `rows` rows per step, before compile, Liger and batching are chosen."""
-    whole = _whole_sequence_configs(space, rows) + _tensor_parallel_configs(space, rows) \
-        if space.whole_sequences else []
+    whole = (_whole_sequence_configs(space, rows) if space.whole_layers else []) + \
+        _tensor_parallel_configs(space, rows) if space.whole_sequences else []
     return whole + _sequence_split_configs(space, rows)
 
 

@@ -15,12 +15,13 @@ from planner.hardware import GPU
 from planner.memory.estimate import MemoryEstimate
 from planner.notes import Note, Verdict
 from planner.prepare import LoadedPlan
+from planner.receipts import planner_tree, planner_version
 from planner.render import note_text, render_plan, verdict_text
 from planner.speed.step import ThroughputInfo
 from planner.vocab import MeasurementStatus
 
 __all__ = ["Config", "Candidate", "ThroughputInfo", "Hardware", "LearningRate", "ModelInfo", "Measurement",
-           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "ErrorBar", "Requirement", "Plan"]
+           "ProbeRecord", "FamilyCalibration", "SpeedCalibration", "SpeedCorrection", "ErrorBar", "Requirement", "Plan"]
 
 
 class Candidate(BaseModel):
@@ -183,11 +184,24 @@ class SpeedCalibration(BaseModel):
     high: float | None = None
 
 
+class SpeedCorrection(BaseModel):
+    """What every modelled step time of a plan was multiplied by: the median measured / predicted step time (`factor`)
+    of the `n` runs like its fastest fitting candidate (the stratum `stratum`, reached by pooling `pooled`), so that
+    the figures it shows are what runs like it measured, on one basis for every candidate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    factor: float
+    stratum: str
+    pooled: tuple[str, ...] = ()
+    n: int = 0
+
+
 class ErrorBar(BaseModel):
     """How far predictions like this one have been from measurements (planner/uncertainty.py): measured / predicted
-    over `n` rows (`first_look` of them first-look) of the stratum `stratum`, reached by pooling the dimensions in
-    `pooled`; its 10th, 50th and 90th percentiles, and the range of multipliers of a prediction (`low`, `high`) that
-    `covers` of such rows fell within, widened for what was pooled. "not measured": no row is like the plan."""
+    (`unit`) over `n` runs (`first_look` of them first-look) of the stratum `stratum`, reached by pooling the
+    dimensions in `pooled`; its 10th, 50th and 90th percentiles, and the range of multipliers of a prediction (`low`,
+    `high`) that `covers` of such runs fell within. "not measured": no run is like the plan."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -203,15 +217,18 @@ class ErrorBar(BaseModel):
     high: float | None = None
     covers: float | None = None
     source: str = ""
+    unit: str = ""
 
     @classmethod
     def of(cls, bar) -> "ErrorBar":
         """The plan's record of a planner.uncertainty.Bar."""
+        unit = ERROR_UNITS.get(bar.kind, "measured / predicted")
         if not bar.measured:
-            return cls(status="not measured", stratum=bar.stratum.key)
+            return cls(status="not measured", stratum=bar.stratum.key, unit=unit)
         s, (low, high) = bar.spread, bar.range
         return cls(status="measured", stratum=bar.stratum.key, pooled=bar.pooled, n=s.n, first_look=s.first_look,
-                   p10=s.p10, median=s.median, p90=s.p90, low=low, high=high, covers=bar.covers, source=bar.source)
+                   p10=s.p10, median=s.median, p90=s.p90, low=low, high=high, covers=bar.covers, source=bar.source,
+                   unit=unit)
 
     @property
     def measured(self) -> bool:
@@ -221,6 +238,12 @@ class ErrorBar(BaseModel):
         """The measured values a prediction `value` stands for: `value` times the range; for a rate (tokens/s) of a
         quantity the rows measured as a time, divided by it."""
         return (value / self.high, value / self.low) if rate else (value * self.low, value * self.high)
+
+
+#: What an error bar's ratios are of.
+ERROR_UNITS = {"memory": "measured / predicted peak memory, one figure per run (the process's device memory, else the "
+                         "allocator's reserved, else its allocated peak)",
+               "throughput": "measured / predicted step time, one per run"}
 
 
 class DatasetSummary(BaseModel):
@@ -295,6 +318,10 @@ class Plan(BaseModel):
     speed_calibration: SpeedCalibration | None = None  # the choice's precision family's (None: not probed)
     speed_calibrations: tuple[SpeedCalibration, ...] = ()  # every probed precision family's
     receipt_checks: tuple[ReceiptCheck, ...] = ()  # earlier runs of this model on this GPU against today's model
+    speed_correction: SpeedCorrection | None = None   # what every modelled step time was multiplied by
+    #: `planner.plan`'s keyword arguments besides a configuration's own that predict as this plan did (None: a model
+    #: object, a local folder or a dataset, which a receipt cannot name): receipts keep it, pinned to what ran
+    request: dict | None = None
 
     def explain(self, width: int = 100) -> str:
         """The plan as `plan` prints it (the choice, why the alternatives lost, the notes), as plain text."""
@@ -315,6 +342,8 @@ class Plan(BaseModel):
                       max_length=self.dataset.row_length if self.dataset else None)
         tp = self.choice.throughput
         return {
+            "planner": {"version": planner_version(), "tree": planner_tree()},
+            "request": self.pinned_request(),
             "model": self.model.model_dump(),
             "optimizer": self.optimizer,
             "attention": self.attention,
@@ -326,7 +355,8 @@ class Plan(BaseModel):
                            "step_time_s": tp.step_time_s, "source": tp.source,
                            "real_tokens_per_s": tp.real_tokens_per_s,
                            "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()},
-                           "error": _error_json(self.throughput_error if tp.source == "model" else None)},
+                           "model": _model_speed_json(tp),
+                           "error": self._speed_error_json()},
             "dataset": self.dataset.model_dump() if self.dataset else None,
             "candidates": [c.to_json() for c in self.candidates],
             "notes": [note_text(n) for n in self.notes],
@@ -340,6 +370,25 @@ class Plan(BaseModel):
             "receipt_checks": [c.model_dump() for c in self.receipt_checks],
             "files": list(self.files),
         }
+
+    def pinned_request(self) -> dict | None:
+        """`planner.plan`'s keyword arguments that plan the chosen configuration again, pinned, for the GPU it was
+        planned for (None where the model cannot be named again: `request`)."""
+        if self.request is None:
+            return None
+        hardware = self.hardware
+        return {**self.request, "gpu": hardware.gpu, "gpus_per_node": hardware.gpus_per_node,
+                "nodes": hardware.nodes, **self.choice.config.request_fields()}
+
+    def _speed_error_json(self) -> dict | None:
+        """The speed's error bar, with what it was applied to: the correction every modelled step time took."""
+        tp = self.choice.throughput
+        if tp.source not in ("model", "corrected") or self.throughput_error is None:
+            return None
+        corrected = self.speed_correction if tp.source == "corrected" else None
+        return {**_error_json(self.throughput_error), "correction": corrected.factor if corrected else None,
+                "applied_to": ("every candidate's modelled step time, times the median of the runs like the chosen "
+                               f"one ({corrected.stratum})") if corrected else None}
 
     # --- the plan applied in the user's own training script, without files (as load_plan(folder) does with them)
     def prepare(self, model):
@@ -410,6 +459,12 @@ class Plan(BaseModel):
         return peft_config(self)
 
 
+def _model_speed_json(tp: ThroughputInfo) -> dict:
+    """The speed model's own figures for a step whose shown figures were corrected or measured."""
+    ratio = tp.step_time_s / tp.modelled_step_time_s if tp.modelled_step_time_s > 0 else 1.0
+    return {"step_time_s": tp.modelled_step_time_s, "tokens_per_s": tp.tokens_per_s * ratio, "mfu": tp.mfu * ratio}
+
+
 def _error_json(error: ErrorBar | None) -> dict | None:
     return None if error is None else {**error.model_dump(), "pooled": list(error.pooled)}
 
@@ -435,4 +490,5 @@ def _memory_json(m: MemoryEstimate) -> dict:
             "activations": m.activations, "overhead": m.overhead, "peak_allocated": m.peak_allocated,
             "peak_reserved": m.peak_reserved, "peak": m.peak, "cpu_offload_bytes": m.cpu_offload_bytes,
             "method": m.method, "device": m.device, "terms": m.terms.model_dump(),
-            "margin": {"bytes": m.margin, "basis": m.margin_basis, "rows": m.margin_rows}}
+            "margin": {"bytes": m.margin, "basis": m.margin_basis, "rows": m.margin_rows},
+            "model": m.modelled().model_dump()}

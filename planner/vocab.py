@@ -539,6 +539,19 @@ ESTIMATE: dict[str, EstimateInfo] = {
 EstimateMethod = Literal[tuple(ESTIMATE)]  # type: ignore[valid-type]
 
 
+#: How a measured run trained (a receipt's `program`): trainplan plans the Trainer's; the others are published runs'
+#: own loops, judged against the plan of the configuration they ran.
+PROGRAM: dict[str, str] = {
+    "trainer": "the HF Trainer on HF model code, prepared as planner/prepare.py does (what trainplan's files run)",
+    "hf-loop": "HF model code in a training loop of its own",
+    "hf-forward-backward": "HF model code in a loop of its own, timed without its optimizer step",
+    "optimised": "another stack's own model code and loop",
+    "other": "a program trainplan does not plan (peft's fp32 upcast of a 4-bit model, say)",
+}
+Program = Literal[tuple(PROGRAM)]  # type: ignore[valid-type]
+TRAINER = "trainer"
+
+
 #: What measuring a candidate can end in (`planner.types.Measurement.status`).
 MEASUREMENT_STATUS: dict[str, str] = {
     "ok": "the candidate ran: its peaks and times are measured",

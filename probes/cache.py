@@ -16,6 +16,8 @@ from planner.vocab import OK, OOM, TIMEOUT
 #: Results worth keeping (an error is retried next time).
 CACHED_STATUSES = (OK, OOM, TIMEOUT)
 VERSION = 3
+#: What plan.json says of the plan around a candidate (notes, earlier runs, calibrations): not what the run trains.
+AROUND_THE_RUN = ("notes", "advice", "receipt_checks", "speed_calibration", "speed_calibrations", "calibration", "probes")
 
 
 def probe_key(files: dict[str, str], gpu_name: str, run: tuple) -> str:
@@ -23,7 +25,11 @@ def probe_key(files: dict[str, str], gpu_name: str, run: tuple) -> str:
     import torch
     import transformers
 
-    data = {"files": files, "gpu": gpu_name, "run": list(run), "torch": torch.__version__, "cuda": torch.version.cuda,
+    trained = dict(files)
+    if "plan.json" in files:
+        plan = json.loads(files["plan.json"])
+        trained["plan.json"] = json.dumps({k: v for k, v in plan.items() if k not in AROUND_THE_RUN}, sort_keys=True)
+    data = {"files": trained, "gpu": gpu_name, "run": list(run), "torch": torch.__version__, "cuda": torch.version.cuda,
             "transformers": transformers.__version__, "accelerate": accelerate.__version__, "version": VERSION}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 

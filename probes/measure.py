@@ -6,35 +6,26 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
-import time
 
 from transformers import TrainerCallback
 
 from planner.program.tracker import LiveStorageTracker
-from planner.receipts import process_memory
+from planner.receipts import StepClock, process_memory
 from planner.types import Measurement
 from planner.vocab import ERROR, OK, OOM
 
 
 class StepMeter(TrainerCallback):
-    """Times the phases of every optimizer step; resets the memory peak when the warm-up ends."""
+    """Times the phases of every optimizer step after the warm-up and resets the memory peak when it ends
+    (planner/receipts `StepClock`, the receipts' own timing core); on the CPU the peak is the live-storage tracker's."""
 
     def __init__(self, warmup: int, cuda: bool, model):
-        self.warmup, self.cuda, self.model = warmup, cuda, model
+        self.cuda, self.model = cuda, model
         self.tracker = None if cuda else LiveStorageTracker()
-        self.steps: list[tuple[float, float, float]] = []  # (micro-steps, optimizer step, whole step) seconds
+        self.clock = StepClock(warmup, cuda, reset=None if cuda else self.tracker.reset_peak)
         self.losses: list[float] = []
         self.micro_steps: list[int] = []   # micro-steps seen per optimizer step
-        self._t: dict[str, float] = {}
         self._substeps = 0
-
-    def _now(self) -> float:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-        return time.perf_counter()
 
     @contextlib.contextmanager
     def tracking(self):
@@ -46,43 +37,29 @@ class StepMeter(TrainerCallback):
             self.tracker.track_all(list(self.model.parameters()) + list(self.model.buffers()))
             yield
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.clock.start()
+
     def on_step_begin(self, args, state, control, **kwargs):
-        self._t["begin"] = self._now()
+        self.clock.begin()
         self._substeps = 0
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._substeps += 1
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self._t["pre"] = self._now()
+        self.clock.mark("optimizer-begin")
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self._t["post"] = self._now()
+        self.clock.mark("optimizer-end")
 
     def on_step_end(self, args, state, control, **kwargs):
-        end = self._now()
-        begin, pre, post = self._t["begin"], self._t.get("pre", end), self._t.get("post", end)
         self.micro_steps.append(self._substeps + 1)
-        if state.global_step > self.warmup:
-            self.steps.append((pre - begin, post - pre, end - begin))
-        if state.global_step == self.warmup:
-            self._reset_peak()
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.warmup == 0:
-            self._reset_peak()
+        self.clock.end()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
-
-    def _reset_peak(self) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            self.tracker.reset_peak()
 
     def peaks(self) -> tuple[int, int]:
         if self.cuda:
@@ -92,21 +69,20 @@ class StepMeter(TrainerCallback):
         return self.tracker.peak, self.tracker.peak
 
     def measurement(self, *, micro_batch: int, seq_len: int, processes: int, engine: str, wall_s: float) -> Measurement:
-        if not self.steps:
+        median = self.clock.median()
+        if median is None:
             raise RuntimeError("no optimizer step was measured")
         grad_accum = max(self.micro_steps)
         tokens_per_step = micro_batch * grad_accum * seq_len
-        micro = statistics.median(s[0] for s in self.steps) / grad_accum
-        optim = statistics.median(s[1] for s in self.steps)
-        step = statistics.median(s[2] for s in self.steps)
         if not all(math.isfinite(x) for x in self.losses):
             raise FloatingPointError(f"the loss is not finite: {self.losses}")
         allocated, reserved = self.peaks()
         return Measurement(status=OK, peak_allocated=int(allocated), peak_reserved=int(reserved),
                            process_memory=process_memory() if self.cuda else 0,
-                           micro_step_s=micro, optimizer_step_s=optim, step_time_s=step,
-                           tokens_per_s=tokens_per_step / step, processes=processes, engine=engine,
-                           micro_batch=micro_batch, grad_accum=grad_accum, losses=tuple(self.losses), seconds=wall_s)
+                           micro_step_s=median.micro_steps / grad_accum, optimizer_step_s=median.optimizer,
+                           step_time_s=median.whole, tokens_per_s=tokens_per_step / median.whole, processes=processes,
+                           engine=engine, micro_batch=micro_batch, grad_accum=grad_accum, losses=tuple(self.losses),
+                           seconds=wall_s)
 
 
 def profile_summary(prof, steps: int, top: int = 60) -> dict:

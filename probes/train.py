@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code to run")
     parser.add_argument("--profile", default=None, metavar="FILE",
                         help="also write FILE: device and host time per op over the run (torch.profiler)")
+    parser.add_argument("--profile-step", default=None, metavar="FILE",
+                        help="after the measured steps, profile one more micro-step (forward and backward, not timed "
+                             "with the rest) and write FILE: device and host time per op (torch.profiler)")
     parser.add_argument("--memory-peak", default=None, metavar="FILE",
                         help="also write FILE: what was live at the run's peak of allocated memory, by the line "
                              "that allocated it (CUDA only; records the allocator's history, which slows the run)")
@@ -294,8 +297,18 @@ def _train(plan, args) -> Measurement:
     with meter.tracking(), profiled(args.profile, total, cuda):
         trainer.train()
     wall = time.perf_counter() - start
-    return meter.measurement(micro_batch=targs.per_device_train_batch_size, seq_len=plan.seq_len,
-                             processes=int(os.environ.get("WORLD_SIZE", "1")), engine=cfg.engine, wall_s=wall)
+    measured = meter.measurement(micro_batch=targs.per_device_train_batch_size, seq_len=plan.seq_len,
+                                 processes=int(os.environ.get("WORLD_SIZE", "1")), engine=cfg.engine, wall_s=wall)
+    if args.profile_step:  # after everything was measured: its time and memory are in nothing above
+        profile_micro_step(trainer, args.profile_step, cuda)
+    return measured
+
+
+def profile_micro_step(trainer, path: str, cuda: bool) -> None:
+    """One more micro-step (the Trainer's own `training_step`, transformers/trainer.py: forward and backward of a
+    batch of its data loader, no optimizer step) under torch.profiler, its per-op summary written to `path`."""
+    with profiled(path, 1, cuda):
+        trainer.training_step(trainer.model_wrapped, next(iter(trainer.get_train_dataloader())))
 
 
 if __name__ == "__main__":

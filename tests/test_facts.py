@@ -90,16 +90,16 @@ def _half_unit(decimals: int) -> float:
 
 
 def _activation_margin() -> dict[str, tuple[float, float, str]]:
-    """memory.activation_margin from the published rows' ratios benchmarks/results/published_memory.json recorded:
+    """memory.activation_margin from the published rows' ratios benchmarks/results/published_memory-margin.json recorded:
     their percentile (nearest rank) less 1, rounded up to hundredths, as the fact's source states; the results'
     own fit (`margin_all_rows`) is the same number."""
     margin = facts.fact("memory.activation_margin")
-    fit = json.loads((RESULTS / "published_memory.json").read_text())["activation_margin"]
+    fit = json.loads((RESULTS / "published_memory-margin.json").read_text())["activation_margin"]
     quantile = int(re.search(r"(\d+)th percentile \(nearest rank\)", margin.source).group(1)) / 100
     assert "rounded up" in margin.source
     ratios = sorted(fit["rows"].values())
     derived = math.ceil(round((ratios[math.ceil(quantile * len(ratios)) - 1] - 1) * 100, 6)) / 100
-    assert fit["margin_all_rows"] == derived, "published_memory.json's fit is not its own rows' percentile"
+    assert fit["margin_all_rows"] == derived, "published_memory-margin.json's fit is not its own rows' percentile"
     return {margin.key: (derived, 0.0, "python benchmarks/published_memory.py")}
 
 
@@ -284,9 +284,9 @@ def test_a_memory_estimate_records_what_it_read_every_time():
     assert first == second
     assert {"cuda.bare_context_bytes", "cuda.step_modules_bytes", "cublas.workspace_bytes", "cuda.blas_threads",
             "memory.analytic_slack_fraction"} <= first
-    basis = predict().margin_basis  # the margin reads rows like it, or the activation margin where too few
+    basis = predict().margin_basis  # the margin reads runs like it, or the activation margin where too few
     assert ("memory.activation_margin" in first) == (basis == "activations")
-    assert any(k.startswith("error.memory:") for k in first) == (basis == "rows")
+    assert basis != "rows" or any(k.startswith("error.memory:") for k in first)
     assert "ddp.bucket_cap_bytes" not in first and not any(k.startswith("nccl.") for k in first)  # one GPU
 
 

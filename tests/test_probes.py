@@ -192,7 +192,7 @@ def test_probe_budget_is_a_hard_limit(tiny_dir):
     elapsed = time.monotonic() - start
     assert [r.measurement.status for r in p.probes] == ["timeout"]
     assert elapsed < 8 + 20, elapsed  # the budget plus planning, not the hang's hour
-    assert p.choice.throughput.source == "model"
+    assert p.choice.throughput.source in ("model", "corrected")
 
 
 @pytest.mark.gpu

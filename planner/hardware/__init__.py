@@ -163,6 +163,14 @@ def lookup_gpu(name: str) -> GPU:
         hint=(f"Did you mean {' or '.join(guess)}? " if guess else "") + f"Known GPUs: {', '.join(known_names())}.")
 
 
+def match_gpu(name: str | None) -> str | None:
+    """The catalog name of the GPU a device name (torch's, NVML's) names, or None where it names none or several."""
+    try:
+        return lookup_gpu(name).name if name else None
+    except UnknownGPUError:
+        return None
+
+
 def detect_gpus() -> DetectedGPUs | None:
     """Local GPUs through NVML, or None when there is no driver / no GPU.
 

@@ -59,6 +59,17 @@ class MemoryTerms(BaseModel):
         return self.cuda_context + self.nccl_buffers
 
 
+class ModelMemory(BaseModel):
+    """The memory model's own figures for a configuration, kept where measurements corrected an estimate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    peak_allocated: int
+    peak_reserved: int
+    peak_process: int
+    activations: int
+
+
 class MemoryEstimate(BaseModel):
     """Bytes per GPU. `peak_allocated` predicts torch.cuda.max_memory_allocated(), `peak_reserved`
     max_memory_reserved(), `peak_process` the process total nvidia-smi shows; `peak` is what must fit: the process
@@ -81,6 +92,8 @@ class MemoryEstimate(BaseModel):
     #: by the activation margin (too few rows like it), or none (measured, a bound, or a CPU estimate)
     margin_basis: str = NO_MARGIN
     margin_rows: int = 0
+    #: the model's own figures where probes or receipts corrected these (None: these are the model's)
+    model: ModelMemory | None = None
 
     @property
     def model_states(self) -> int:
@@ -101,6 +114,13 @@ class MemoryEstimate(BaseModel):
         """Predicted device memory of the process (what nvidia-smi shows): reserved plus what lives outside the
         caching allocator. `peak` adds the error margin to it: that is what must fit."""
         return self.peak_reserved + self.terms.outside_allocator
+
+    def modelled(self) -> ModelMemory:
+        """The memory model's own figures for this configuration, before any measurement corrected them."""
+        if self.model is not None:
+            return self.model
+        return ModelMemory(peak_allocated=self.peak_allocated, peak_reserved=self.peak_reserved,
+                           peak_process=self.peak_process, activations=self.activations)
 
     @property
     def exact(self) -> bool:

@@ -56,6 +56,13 @@ class StepParts(BaseModel):
     def total(self) -> float:
         return self.compute + self.optimizer + self.communication + self.offload + self.compile
 
+    def scaled(self, factor: float) -> "StepParts":
+        """Every part of the step's total `factor` times as long (what a correction of the whole step's time does to
+        where it goes); the modelled micro-step and the compile time paid once stay as modelled."""
+        return self.model_copy(update={"compute": self.compute * factor, "optimizer": self.optimizer * factor,
+                                       "communication": self.communication * factor, "offload": self.offload * factor,
+                                       "compile": self.compile * factor})
+
 
 class ThroughputInfo(BaseModel):
     """A configuration's speed: tokens and samples per second, model FLOPs utilisation, the optimizer step's time and
@@ -67,14 +74,31 @@ class ThroughputInfo(BaseModel):
     samples_per_s: float
     mfu: float
     step_time_s: float
-    #: model: the speed model alone; calibrated: the model rescaled by this GPU's probes; probe: measured;
-    #: probe+model: measured on fewer ranks, the modelled communication added
-    source: Literal["model", "calibrated", "receipts", "probe", "probe+model"] = "model"
+    #: model: the speed model alone; corrected: the model times the median error of measured runs like it
+    #: (planner/uncertainty.py); calibrated: the model rescaled by this GPU's probes; receipts: rescaled by earlier
+    #: runs of this very model on this GPU; probe: measured; probe+model: measured on fewer ranks, the modelled
+    #: communication added
+    source: Literal["model", "corrected", "calibrated", "receipts", "probe", "probe+model"] = "model"
     parts: StepParts = StepParts()
     #: tokens of data per second, padding left out (None: every sample fills its row, as without a dataset)
     real_tokens_per_s: float | None = None
     #: the FLOPs the GPU executes (recomputation included, masked attention tiles skipped) over its dense peak
     hfu: float = 0.0
+    #: the speed model's own step time where measurements or measured errors corrected `step_time_s` (None: it is
+    #: the model's)
+    model_step_time_s: float | None = None
+
+    @property
+    def modelled_step_time_s(self) -> float:
+        """The speed model's own step time, before any correction."""
+        return self.step_time_s if self.model_step_time_s is None else self.model_step_time_s
+
+    def corrected(self, step_s: float, source: str, parts: StepParts | None = None) -> "ThroughputInfo":
+        """The same step corrected to take `step_s` seconds by `source` (its parts rescaled alike unless given),
+        keeping the model's own step time."""
+        scale = step_s / self.step_time_s if self.step_time_s > 0 else 1.0
+        parts = parts if parts is not None else self.parts.scaled(scale)
+        return self.at_step_time(step_s, parts=parts, source=source, model_step_time_s=self.modelled_step_time_s)
 
     @property
     def useful_tokens_per_s(self) -> float:
