@@ -1,30 +1,34 @@
-"""GPU validation: the planner's peak memory and step time against real training steps on one GPU.
+"""GPU validation: the plan's own predictions against real training steps on one GPU, each run a receipt.
 
-About 20 single-GPU configurations (`ITEMS`: gpt2, bloom-560m, Llama-3.2-1B, Qwen2.5-0.5B and bert-large with a
+About 25 single-GPU configurations (`ITEMS`: gpt2, bloom-560m, Llama-3.2-1B, Qwen2.5-0.5B and bert-large with a
 sequence-classification head; bf16-mixed, fp16-mixed, fp32, bf16-true and fp8; no, selective and full checkpointing;
-LoRA, QLoRA, ZeRO-2 with optimizer offload, torch.compile, a 16,384-token sequence), each planned pinned with the public API (`planner.plan`;
-memory through `planner.estimate_memory` wherever it can express the configuration) and run with the shipped
-training script under the emitted files (`probes.runner.run_training`: 1 warm-up and 2 measured optimizer steps of 2
-micro-steps, a subprocess per run, as probes run). The edge set runs, for two models, the largest micro-batch the
-plan predicts to fit the card with its default headroom, and records that the next one up is predicted not to. Two
-hooks (Liger-Kernel, packed data) run once `planner.request.PlanRequest` has their fields; the packed one is planned
-for a pre-tokenised dataset of skewed lengths written here (`skewed_dataset`). A configuration that
-cannot run (a package or field missing, a failure, the time budget spent) is a record with its reason: the exit code
-is 0 whatever the runs did (2 only without a GPU).
+Liger-Kernel, LoRA, QLoRA, ZeRO-2 with optimizer offload, torch.compile, a 16,384-token sequence, packed data), each
+planned pinned with the public API (`planner.plan`, Liger pinned on or off) and run with the shipped training script
+under the emitted files (`probes.runner.run_training`: 1 warm-up and 2 measured optimizer steps, a subprocess per run,
+as probes run). The configurations whose mechanism the planner changed most recently come first: a lease ends the
+list where its time does. The edge set runs, for two models, the largest micro-batch the plan predicts to fit the
+card with its default headroom, and records that the next one up is predicted not to.
 
-Each run's process starts while the previous one trains, imports, and waits for a gate that the previous run's exit
-opens, so the GPU serves one run at a time (`--serial`: one process at a time). No run starts after `--budget`
-seconds and every run is cut at it (default 450: with start-up, under 8 minutes on an H100).
+Every figure a run is scored on is the plan's own prediction of the configuration that ran, made here before the run
+(`benchmarks.runs.plan_prediction`, the path `plan` takes: Liger and all), with the facts it read and the git tree hash
+of the planner/ that made it (planner/receipts/source.py), which names the commit without git on this machine. Runs
+are serial: while a step is timed nothing else runs on the host (no planning, no importing, no second process). Each
+run's receipt.json (the shipped script's, planner/receipts) is kept with that prediction, the device, the host's
+processor and the stack (Liger's version among it); after its timed steps the run profiles one more micro-step
+(torch.profiler, `probes.train --profile-step`), kept beside the receipts. A configuration that cannot run (a package
+missing, a failure, the time left short of its limit) is a record with its reason, never started to be cut: the exit
+code is 0 whatever the runs did (2 only without a GPU).
 
 Written as it goes, under --out ($OUT if set, else benchmarks/results/; a --dry-run's default is a new temporary
-folder, so that a dry run never lands beside real results):
-  gpu_validation-<GPU>-<date>.jsonl    a header line, then one JSON line per configuration
-  gpu_validation-<GPU>-<date>.json     the same records with the summary (the evidence rows' `source`)
-  gpu_validation-{memory,throughput}-<GPU>-<date>.json   evidence rows (benchmarks/evidence.py)
+folder, so that a dry run never lands beside real results), four files:
+  gpu_validation-<GPU>-<date>.jsonl            a header line, then one JSON line per configuration
+  gpu_validation-<GPU>-<date>.json             the same records with the summary
+  gpu_validation-<GPU>-<date>-profiles.json    each run's profiled micro-step (per op: calls, host and device time)
+  receipts/gpu_validation-<GPU>-<date>.json    the runs' receipts (benchmarks/runs.py), which the report reads
 
-On the GPU machine (trainplan need not be installed; carry what its image lacks, e.g. pydantic, as wheels), naming
-the commit the tree was sent from (its rows are first-look: each plan is made before its step runs):
-    HF_HUB_OFFLINE=1 python3 benchmarks/gpu_validation.py --out $OUT --commit <git rev-parse HEAD here>
+On the GPU machine (trainplan need not be installed; carry what its image lacks as wheels: benchmarks/device_wheels.py):
+    HF_HUB_OFFLINE=1 python3 benchmarks/gpu_validation.py --out $OUT
+then copy the receipts file into benchmarks/results/receipts/ and the rest into benchmarks/results/.
 Here, predictions only (no GPU):
     HF_HUB_OFFLINE=1 python benchmarks/gpu_validation.py --dry-run [--only gpt2-bf16,bert-seqcls-bf16] [--list]
 """
@@ -33,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import concurrent.futures as cf
 import datetime as dt
 import functools
 import importlib.util
@@ -46,9 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -56,37 +57,29 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import evidence  # noqa: E402
-from planner import facts  # noqa: E402
+from benchmarks import runs  # noqa: E402
 
 START = time.monotonic()
 #: Optimizer steps per run, as probes run them: one warm-up, then two measured (peaks are reset after the warm-up).
 WARMUP, STEPS = 1, 2
-#: The program the emitted files run, as evidence rows name it (planner/planning.py `PROGRAM`).
+#: The program the emitted files run.
 PROGRAM = "trainer"
-#: A run is not started with fewer seconds than this left of the budget.
-MIN_RUN_S = 20.0
-#: The first argument that makes this file the gated training process (`gated_training`).
-WORKER = "--gated-training"
 GIB = 2**30
-MEMORY_METRIC = "torch.cuda.max_memory_allocated and max_memory_reserved (peak), nvidia-smi process total"
-THROUGHPUT_METRIC = (f"seconds per optimizer step of 2 micro-steps (1 for the edge runs), median of {STEPS} after "
-                     f"{WARMUP} warm-up")
 #: The packed hook's dataset (`skewed_dataset`): rows, seed, median and log-normal sigma of the sample lengths, the
 #: lengths' bounds, and the token ids' bound (inside every model's vocabulary here).
 DATA_ROWS, DATA_SEED, DATA_MEDIAN, DATA_SIGMA, DATA_LENGTHS, DATA_VOCAB = 1000, 0, 200, 1.0, (8, 4096), 30_000
-#: (prediction, Measurement field, what was measured) of the memory rows.
-MEMORY_MEASURES = (("peak_allocated", "peak_allocated", "torch.cuda.max_memory_allocated after the warm-up"),
-                   ("peak_reserved", "peak_reserved", "torch.cuda.max_memory_reserved after the warm-up"),
-                   ("peak_process", "process_memory", "the process's device memory in NVML (nvidia-smi) at the end"))
+METRIC = ("per run: torch.cuda.max_memory_allocated and max_memory_reserved after the warm-up, the process's device "
+          f"memory in NVML (nvidia-smi), and the median optimizer step of {STEPS} after {WARMUP} warm-up")
+CANNOT_SHOW = ("several GPUs or nodes (one GPU only), long runs (1 warm-up and 2 measured steps: no allocator "
+               "fragmentation over hours), real data (synthetic full-length batches), other GPUs")
 
 
 @dataclass(frozen=True)
 class Case:
-    """One configuration to plan pinned and run, and why it is in the list. `extra`: request fields the planner
-    may not have yet (a hook); `needs`: modules that must import; `edge`: run the largest micro-batch predicted to
-    fit instead of `micro_batch`; `dataset`: planned for `skewed_dataset()` with `seq_len` as its --max-length (the
-    data's lengths, not a pinned --seq-len, set the rows)."""
+    """One configuration to plan pinned and run, and why it is in the list. `extra`: request fields beyond the
+    configuration's; `needs`: modules that must import; `edge`: run the largest micro-batch predicted to fit instead
+    of `micro_batch`; `dataset`: planned for `skewed_dataset()` with `seq_len` as its --max-length (the data's
+    lengths, not a pinned --seq-len, set the rows); `limit_s`: the most a run may take, start-up included."""
 
     id: str
     why: str
@@ -101,6 +94,7 @@ class Case:
     zero_stage: int = 0
     offload: str = "none"
     compile: bool = False
+    liger: bool = False
     extra: tuple[tuple[str, object], ...] = ()
     needs: tuple[str, ...] = ()
     grad_accum: int = 2
@@ -115,6 +109,7 @@ class Case:
         parts += [self.task] if self.task else []
         parts += [f"ZeRO-{self.zero_stage} offload {self.offload}"] if self.zero_stage else []
         parts += ["compiled"] if self.compile else []
+        parts += ["Liger"] if self.liger else []
         parts += ["skewed pre-tokenised data"] if self.dataset else []
         return ", ".join(parts + [f"{k}={v}" for k, v in self.extra])
 
@@ -122,51 +117,56 @@ class Case:
 GPT2, BLOOM, LLAMA = "openai-community/gpt2", "bigscience/bloom-560m", "meta-llama/Llama-3.2-1B"
 QWEN, BERT = "Qwen/Qwen2.5-0.5B", "google-bert/bert-large-uncased"
 SEQ_CLS = {"task": "seq-cls", "num_labels": 2}
-#: What runs, in order: repeats of earlier H100 rows first (drift), then precisions, checkpointing and heads, then
-#: the edges, then what takes longest or needs optional packages, then the hooks.
+LIGER_NEEDS = ("liger_kernel",)
+#: What runs, in order: the mechanisms the planner changed last first (Liger's kernels, host-bound steps,
+#: recomputation), then repeats of earlier rows, precisions and heads, the packages a lease must carry, the edges,
+#: and what takes longest.
 ITEMS: tuple[Case, ...] = (
-    Case("gpt2-bf16", "repeat of the 2026-11-22/23 H100 matrix row: drift of the stack and of the card", GPT2, 1024, 4),
-    Case("llama-bf16", "repeat of an earlier H100 row on a Llama block (GQA, 128k vocabulary)", LLAMA, 2048, 1),
-    Case("bloom-fp16", "fp16 autocast and its loss scaler at an earlier bf16 row's shape: the 'mixed' family claim",
-         BLOOM, 1024, 2, "fp16-mixed"),
-    Case("qwen-bf16", "an architecture never measured: Qwen2 (GQA, tied 151k vocabulary, qkv bias)", QWEN, 1024, 2),
-    Case("bert-seqcls-bf16", "a sequence-classification head on an encoder: no vocabulary logits", BERT, 512, 16,
-         **SEQ_CLS),
-    Case("gpt2-fp32", "fp32 weights and matmuls (TF32 off)", GPT2, 1024, 4, "fp32"),
-    Case("gpt2-bf16true", "pure bf16 (no master copy, no autocast), never measured", GPT2, 1024, 8, "bf16-true"),
+    Case("llama-bf16-liger", "Liger-Kernel's fused linear cross-entropy and kernels on a 128k vocabulary (H200 "
+         "2026-11-27: measured 3.15x its prediction)", LLAMA, 2048, 1, liger=True, needs=LIGER_NEEDS, limit_s=180.0),
+    Case("qwen-bf16-liger", "Liger's chunks on a tied 151k vocabulary (H200 2026-11-27: 5.09x)", QWEN, 1024, 2,
+         liger=True, needs=LIGER_NEEDS, limit_s=150.0),
+    Case("gpt2-bf16", "a host-bound step: dispatch and Python overhead of this GPU's host", GPT2, 1024, 4),
+    Case("bert-seqcls-bf16", "a host-bound encoder step with a classification head (no vocabulary logits)", BERT, 512,
+         16, **SEQ_CLS),
+    Case("bloom-bf16-full", "full checkpointing's recompute where the 250k-vocabulary logits dominate", BLOOM, 1024, 4,
+         checkpointing="full"),
+    Case("llama-bf16-selective", "selective checkpointing's recompute on a Llama block", LLAMA, 2048, 2,
+         checkpointing="selective"),
     Case("gpt2-fp16-selective", "selective checkpointing under fp16 autocast on a small model", GPT2, 1024, 8,
          "fp16-mixed", "selective"),
-    Case("bloom-bf16-full", "full checkpointing where the 250k-vocabulary logits dominate", BLOOM, 1024, 4,
-         checkpointing="full"),
-    Case("llama-bf16-selective", "selective checkpointing on a Llama block", LLAMA, 2048, 2, checkpointing="selective"),
+    Case("llama-bf16", "the Llama block without Liger (its Liger twin above)", LLAMA, 2048, 1),
+    Case("qwen-bf16", "Qwen2 without Liger (its Liger twin above)", QWEN, 1024, 2),
+    Case("gpt2-fp32", "fp32 weights and matmuls (TF32 off): a GPU-bound step", GPT2, 1024, 4, "fp32"),
+    Case("qwen-fp32-full", "fp32 with full checkpointing", QWEN, 1024, 2, "fp32", "full"),
+    Case("gpt2-zero2-offload", "DeepSpeed ZeRO-2 with the optimizer on the CPU, on one GPU", GPT2, 1024, 8,
+         zero_stage=2, offload="optimizer", needs=("deepspeed",), limit_s=300.0),
+    Case("llama-qlora", "QLoRA: a 4-bit base (bitsandbytes) under bf16 compute", LLAMA, 2048, 2, peft="qlora",
+         needs=("peft", "bitsandbytes")),
+    Case("llama-lora-liger", "LoRA with Liger on a Llama block at 2048 tokens", LLAMA, 2048, 2, peft="lora",
+         liger=True, needs=("peft", *LIGER_NEEDS), limit_s=150.0),
+    Case("bloom-fp16", "fp16 autocast and its loss scaler: the 'mixed' family claim", BLOOM, 1024, 2, "fp16-mixed"),
+    Case("gpt2-bf16true", "pure bf16 (no master copy, no autocast)", GPT2, 1024, 8, "bf16-true"),
     Case("llama-bf16true-full", "pure bf16 with full checkpointing", LLAMA, 2048, 2, "bf16-true", "full"),
-    Case("qwen-fp32-full", "fp32 with full checkpointing on the new architecture", QWEN, 1024, 2, "fp32", "full"),
     Case("bert-seqcls-fp16-selective", "the classification head under fp16 autocast, selective checkpointing", BERT,
          512, 32, "fp16-mixed", "selective", **SEQ_CLS),
     Case("bloom-lora", "LoRA: a frozen 16-bit base, fp32 adapters and their optimizer states", BLOOM, 1024, 4,
          peft="lora", needs=("peft",)),
-    Case("llama-lora", "LoRA on a Llama block at 2048 tokens", LLAMA, 2048, 2, peft="lora", needs=("peft",)),
     Case("edge-gpt2", "the largest micro-batch predicted to fit must run: activation-bound", GPT2, 1024, 0,
-         grad_accum=1, edge=True),
+         grad_accum=1, edge=True, limit_s=120.0),
     Case("edge-llama", "the largest micro-batch predicted to fit must run: model states and logits", LLAMA, 2048, 0,
-         grad_accum=1, edge=True),
-    Case("llama-qlora", "QLoRA: a 4-bit base (bitsandbytes) under bf16 compute", LLAMA, 2048, 2, peft="qlora",
-         needs=("peft", "bitsandbytes")),
-    Case("gpt2-compile", "torch.compile: the compiled step and activations, the first step's compile time, and the "
-         "speed-up over its eager twin gpt2-bf16", GPT2, 1024, 4, compile=True, limit_s=240.0),
-    Case("gpt2-zero2-offload", "DeepSpeed ZeRO-2 with the optimizer on the CPU, on one GPU", GPT2, 1024, 8,
-         zero_stage=2, offload="optimizer", needs=("deepspeed",), limit_s=300.0),
+         grad_accum=1, edge=True, limit_s=120.0),
     Case("llama-fp8", "float8 linears (torchao tensorwise through accelerate's AO backend), eager: the converted "
          "GEMMs at the FP8 rate, six unfused casts per layer, bf16-mixed's activations", LLAMA, 2048, 2, "fp8",
-         needs=("torchao",)),
+         needs=("torchao",), limit_s=150.0),
     Case("llama-long-16k", "one 16,384-token sequence with full checkpointing: what each rank of a 65,536-token "
          "sequence split 4 ways holds and computes (ring attention and Ulysses alike)", LLAMA, 16384, 1,
          checkpointing="full", grad_accum=1, limit_s=120.0),
-    Case("hook-liger", "Liger-Kernel (use_liger_kernel): fused kernels and the chunked cross-entropy", LLAMA, 2048, 2,
-         extra=(("liger", "on"),), needs=("liger_kernel",)),
     Case("hook-packed", "a packed dataset: pre-tokenised samples of skewed lengths packed into rows filled to "
          "--max-length, run as the shipped script runs any plan (full rows, one causal sequence each)", QWEN, 1024, 2,
          extra=(("padding", "packing"),), dataset=True),
+    Case("gpt2-compile", "torch.compile: the compiled step and activations, the first step's compile time, and the "
+         "speed-up over its eager twin gpt2-bf16", GPT2, 1024, 4, compile=True, limit_s=240.0),
 )
 
 
@@ -178,9 +178,39 @@ def pinned_plan(name: str, seq: int | None, precision: str, ckpt: str, mb: int, 
     gpu_measured.py re-plan."""
     from planner import plan
 
-    fields = {"zero_stage": 0, "offload": False, **fields}
-    return plan(name, batch or mb * 2, gpu=gpu_name, gpus_per_node=1, seq_len=seq, micro_batch=mb,
-                precision=precision, checkpointing=ckpt, detect=False, compile=compile, **fields)
+    return plan(name, batch or mb * 2, detect=False, use_receipts=False,
+                **pinned_fields(seq, precision, ckpt, mb, gpu_name, compile, **fields))
+
+
+def pinned_fields(seq: int | None, precision: str, ckpt: str, mb: int, gpu_name: str, compile: str = "off",
+                  **fields) -> dict:
+    """`planner.plan`'s keywords besides the model and batch that pin one single-GPU configuration."""
+    return {"gpu": gpu_name, "gpus_per_node": 1, "seq_len": seq, "micro_batch": mb, "precision": precision,
+            "checkpointing": ckpt, "compile": compile, "zero_stage": 0, "offload": False, **fields}
+
+
+def request_of(case: Case, gpu: str) -> dict:
+    """`planner.plan`'s keyword arguments for the case's pinned plan (the model and global batch included)."""
+    fields = {"zero_stage": case.zero_stage, "offload": case.offload, "liger": "on" if case.liger else "off",
+              **dict(case.extra)}
+    fields.update({"peft": case.peft} if case.peft != "none" else {})
+    fields.update({"task": case.task, "num_labels": case.num_labels} if case.task else {})
+    seq = case.seq_len
+    if case.dataset:  # the data's lengths set the sequence: its --max-length instead of --seq-len
+        fields.update(dataset=str(skewed_dataset()), max_length=case.seq_len)
+        seq = None
+    pinned = pinned_fields(seq, case.precision, case.checkpointing, case.micro_batch, gpu,
+                           "on" if case.compile else "off", **fields)
+    return {"model": case.model, "global_batch": case.micro_batch * case.grad_accum,
+            **{k: v for k, v in pinned.items() if v is not None}}
+
+
+def plan_of(case: Case, gpu: str):
+    """The case's pinned plan (raises NoFitError when it is predicted not to fit)."""
+    from planner import plan
+
+    request = request_of(case, gpu)
+    return plan(request.pop("model"), request.pop("global_batch"), detect=False, use_receipts=False, **request)
 
 
 def case_config(case: Case, gpu: str):
@@ -191,19 +221,6 @@ def case_config(case: Case, gpu: str):
         return plan_of(case, gpu).choice.config
     except NoFitError as err:
         return err.plan.choice.config
-
-
-def plan_of(case: Case, gpu: str):
-    """The case's pinned plan (raises NoFitError when it is predicted not to fit)."""
-    fields = {"zero_stage": case.zero_stage, "offload": case.offload, **dict(case.extra)}
-    fields.update({"peft": case.peft} if case.peft != "none" else {})
-    fields.update({"task": case.task, "num_labels": case.num_labels} if case.task else {})
-    seq = case.seq_len
-    if case.dataset:  # the data's lengths set the sequence: its --max-length instead of --seq-len
-        fields.update(dataset=str(skewed_dataset()), max_length=case.seq_len)
-        seq = None
-    return pinned_plan(case.model, seq, case.precision, case.checkpointing, case.micro_batch, gpu,
-                       batch=case.micro_batch * case.grad_accum, compile="on" if case.compile else "off", **fields)
 
 
 @functools.cache
@@ -225,38 +242,24 @@ def skewed_dataset() -> Path:
     return path
 
 
-def predicted_memory(case: Case, gpu: str):
-    """The case's predicted memory and where it came from: `planner.estimate_memory` at exactly this configuration,
-    or the pinned plan's own estimate where estimate_memory has no input for it (torch.compile, a hook's field, a
-    dataset)."""
-    if case.compile or case.extra or case.dataset:
-        return plan_of(case, gpu).choice.memory, "plan"
-    from planner import Adapter, estimate_memory
+def predict(case: Case, gpu: str):
+    """The case's pinned plan (its files are what runs) and its prediction (`runs.plan_prediction`: the plan's own
+    figures, the facts they read, the planner that made them)."""
+    from planner import facts, plan
+    from planner.errors import NoFitError
+    from planner.receipts import Prediction, planner_tree, planner_version
 
-    adapter = Adapter(method=case.peft) if case.peft != "none" else None
-    estimate = estimate_memory(case.model, micro_batch=case.micro_batch, seq_len=case.seq_len,
-                               precision=case.precision, checkpointing=case.checkpointing,
-                               zero_stage=case.zero_stage, offload=case.offload, grad_accum=case.grad_accum,
-                               gpu=gpu, task=case.task, num_labels=case.num_labels, adapter=adapter)
-    return estimate, "estimate_memory"
-
-
-def predict(case: Case, gpu: str) -> tuple:
-    """The pinned plan (its files are what runs), the predicted numbers, and the facts they used."""
+    request = request_of(case, gpu)
     with facts.recording() as used:
-        draft = plan_of(case, gpu)
-        memory, source = predicted_memory(case, gpu)
-    cand, speed = draft.choice, draft.choice.throughput
-    predicted = {"peak_allocated": memory.peak_allocated, "peak_reserved": memory.peak_reserved,
-                 "peak_process": memory.peak_process, "peak": memory.peak, "method": memory.method,
-                 "memory_from": source, "plan_peak_allocated": cand.memory.peak_allocated, "fits": cand.fits,
-                 "budget": draft.hardware.budget_bytes, "step_time_s": speed.step_time_s,
-                 "tokens_per_s": speed.tokens_per_s, "compile_once_s": speed.parts.compile_once,
-                 "config": cand.config.label(), "precision_family": cand.config.precision_family()}
-    if draft.dataset is not None:  # what the plan read of the data, and the rows it planned (and the script runs)
-        predicted.update(seq_len=draft.seq_len, padding=cand.config.padding,
-                         dataset=draft.dataset.model_dump(mode="json"))
-    return draft, predicted, sorted(used)
+        try:
+            draft = plan(request["model"], request["global_batch"], detect=False, use_receipts=False,
+                         **{k: v for k, v in request.items() if k not in ("model", "global_batch")})
+        except NoFitError as err:
+            draft = err.plan
+    model, printed = runs.candidate_figures(draft.choice)
+    prediction = Prediction(model=model, printed=printed, tree=planner_tree(), version=planner_version(),
+                            facts=tuple(sorted(used)))
+    return draft, prediction
 
 
 def edge_case(case: Case, gpu: str) -> tuple[Case, dict]:
@@ -301,85 +304,122 @@ def import_problem(module: str) -> str | None:
 
 
 def missing(case: Case) -> str | None:
-    """Why the case cannot be planned and run here yet, or None."""
-    from planner.request import PlanRequest
-
-    absent = [name for name, _ in case.extra if name not in PlanRequest.model_fields]
-    if absent:
-        return f"planner.request.PlanRequest has no {', '.join(absent)} field yet"
+    """Why the case cannot be planned and run here, or None."""
     return next(filter(None, map(import_problem, case.needs)), None)
 
 
 # --- running -----------------------------------------------------------------------------------------------------
 @dataclass
 class Prepared:
-    """A case ready to run: its predictions, the facts they used, the emitted files, the edge search's findings."""
+    """A case ready to run: its pinned plan's prediction, the emitted files, the edge search's findings."""
 
     case: Case
-    predicted: dict
-    facts_used: list
+    prediction: object
+    draft: object
     files: dict
     edge: dict | None = None
 
 
-def gated_training(argv: list[str]) -> int:
-    """The shipped training script, started early: import what it imports, wait until the gate file `argv[0]`
-    exists (the previous run has exited), then run `probes.train.main` on the rest, unchanged."""
-    gate = Path(argv[0])
-    import probes.measure  # noqa: F401 - the Trainer and torch: the imports that overlap the previous run
-    import probes.train
+def prepare(case: Case, gpu: str, deadline: float) -> Prepared | dict:
+    """Everything before the run: what the case needs, the edge search, the pinned plan, its prediction and its
+    files. A case that cannot run, or could not finish in the time left, comes back as its finished record."""
+    from probes.runner import probe_files
 
-    while not gate.exists():
-        time.sleep(0.05)
-    return probes.train.main(argv[1:])
-
-
-def _open_after(gate: Path, previous: cf.Future | None, opened: list) -> None:
-    if previous is not None:
-        cf.wait([previous])
-    opened.append(time.monotonic())
+    why_not = missing(case)
+    if why_not:
+        return record(case, "skipped", why_not)
+    left = deadline - time.monotonic()
+    if left < case.limit_s:
+        return record(case, "skipped", f"{left:.0f} s of the time budget (--budget) left, and the run may take "
+                                       f"{case.limit_s:.0f} s: not started rather than cut")
+    edge = None
     try:
-        gate.touch()
-    except OSError:  # the run ended (failed to start) before its gate opened
-        pass
+        if case.edge:
+            case, edge = edge_case(case, gpu)
+        draft, prediction = predict(case, gpu)
+        files = probe_files(draft, draft.choice.config)
+    except Exception as err:  # noqa: BLE001 - a configuration the planner refuses is a record, not a crash
+        return record(case, "not planned", f"{type(err).__name__}: {str(err)[:300]}", edge=edge)
+    return Prepared(case, prediction, draft, files, edge)
 
 
-class Runner:
-    """Runs prepared cases with `probes.runner.run_training`, each in its own process group. With `overlap` the next
-    run's process starts while the current one trains and waits for its gate (`gated_training`)."""
+def run(job: Prepared) -> tuple:
+    """The run of a prepared case, alone: (Measurement, seconds, its receipt.json or None, its profiled micro-step or
+    None)."""
+    from probes.runner import run_training, write_files
 
-    def __init__(self, overlap: bool, deadline: float):
-        self.overlap, self.deadline = overlap, deadline
-        self.depth = 2 if overlap else 1
-        self.pool = cf.ThreadPoolExecutor(max_workers=self.depth)
-        self.last: cf.Future | None = None
-        self.last_limit = 0.0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpu-validation-") as tmp:
+        folder = write_files(job.files, Path(tmp))
+        profile = folder / "profile.json"
+        result = run_training(folder, job.case.limit_s, steps=STEPS, warmup=WARMUP,
+                              extra=("--profile-step", str(profile)))
+        receipt = json.loads((folder / "receipt.json").read_text()) if (folder / "receipt.json").is_file() else None
+        traced = json.loads(profile.read_text()) if profile.is_file() else None
+    return result, time.monotonic() - start, receipt, traced
 
-    def submit(self, files: dict, limit_s: float, receipt: Path | None = None) -> cf.Future:
-        """Run the emitted `files`; the run's receipt.json (planner/receipts.py) is kept as `receipt`."""
-        waiting = self.last_limit if self.overlap and self.last is not None and not self.last.done() else 0.0
-        timeout = max(1.0, min(limit_s + waiting, self.deadline - time.monotonic()))
-        future = self.pool.submit(self._run, files, timeout, self.last, receipt)
-        self.last, self.last_limit = future, limit_s
-        return future
 
-    def _run(self, files: dict, timeout: float, previous: cf.Future | None, receipt: Path | None = None):
-        """(Measurement, seconds from the gate's opening to the run's end)."""
-        from probes.runner import run_training, write_files
+def the_receipt(job: Prepared, written: dict | None, source: str):
+    """The run's receipt, scored on the prediction made here (the same plan's figures, with the facts they read):
+    None where the run wrote none or an unreadable one."""
+    from planner.receipts import parse
 
-        opened = [time.monotonic()]
-        with tempfile.TemporaryDirectory(prefix="gpu-validation-") as tmp:
-            folder = write_files(files, Path(tmp))
-            kwargs = {}
-            if self.overlap:
-                gate = folder / "gate"
-                threading.Thread(target=_open_after, args=(gate, previous, opened), daemon=True).start()
-                kwargs["script"] = (str(Path(__file__).resolve()), WORKER, str(gate))
-            result = run_training(folder, timeout, steps=STEPS, warmup=WARMUP, **kwargs)
-            if receipt is not None and (folder / "receipt.json").is_file():
-                receipt.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / "receipt.json", receipt)
-        return result, time.monotonic() - opened[-1]
+    if written is None:
+        return None
+    try:
+        receipt = parse({**written, "predicted": job.prediction.model_dump(mode="json")}, believed=False)
+    except ValueError as err:
+        return f"its receipt.json does not read: {err}"
+    return receipt.model_copy(update={"id": job.case.id, "source": source, "note": job.case.why})
+
+
+def finish(job: Prepared, outcome: tuple | None, results: Results) -> dict:
+    """The case's record (and its receipt, when it ran), written at once."""
+    result, wall_s, written, profile = outcome or (None, 0.0, None, None)
+    status = result.status if result is not None else "dry-run"
+    line = record(job.case, status, result.reason if result is not None else "",
+                  predicted=job.prediction.model_dump(mode="json"), planned=job.draft.choice.config.label(),
+                  wall_s=round(wall_s, 1))
+    receipt = None
+    if result is not None:
+        line["measured"] = result.model_dump(mode="json")
+    if status == "ok":
+        receipt = the_receipt(job, written, results.source)
+        if isinstance(receipt, str) or receipt is None:
+            line["reason"], receipt = receipt or "the run wrote no receipt.json", None
+        else:
+            line["errors"] = errors_of(receipt)
+        if job.case.compile:  # the warm-up step compiles: the training's wall time beyond its steps
+            line["compile_s_measured"] = result.seconds - (WARMUP + STEPS) * result.step_time_s
+    if job.edge is not None:  # holds: the largest predicted to fit ran, and the next one up is predicted not to
+        holds = None if result is None else status == "ok" and not job.edge["next_fits"]
+        line["edge"] = {**job.edge, "ran": status, "holds": holds}
+    results.add(line, receipt, profile)
+    print(progress_line(line), flush=True)
+    return line
+
+
+def errors_of(receipt) -> dict:
+    """Each figure's error against the plan's own prediction: predicted / measured - 1."""
+    from planner.receipts import MEMORY_FIGURES, STEP_TIME
+
+    out = {}
+    for quantity in (*MEMORY_FIGURES, STEP_TIME):
+        ratio = receipt.ratio(quantity)
+        if ratio:
+            out[quantity] = 1 / ratio - 1
+    return out
+
+
+def run_all(cases: list[Case], gpu: str, results: Results, dry_run: bool, deadline: float) -> None:
+    """Each case planned, then run alone (a dry run records its prediction only)."""
+    for case in cases:
+        job = prepare(case, gpu, deadline)
+        if isinstance(job, dict):
+            results.add(job, None, None)
+            print(progress_line(job), flush=True)
+            continue
+        finish(job, None if dry_run else run(job), results)
 
 
 # --- records and results -----------------------------------------------------------------------------------------
@@ -392,142 +432,112 @@ def record(case: Case, status: str, reason: str = "", **more) -> dict:
             "status": status, "reason": reason, **more}
 
 
-def evidence_rows(case: Case, gpu: str, measured, source: str, family: str) -> tuple[list, list]:
-    """The memory and step-time evidence rows of a measured case; each prediction is made again inside
-    `evidence.predicted_row` (the planner's caches make that cheap), so each row carries the facts it used."""
-    group = evidence.run_group(PROGRAM, gpu, case_config(case, gpu), adapter=case.peft)
-    common = {"data_file": "", "source": source, "group": group}
-    memory = [evidence.predicted_row(id=f"{case.id}/{ours}", measured=getattr(measured, theirs), note=what,
-                                     predict=lambda ours=ours: getattr(predicted_memory(case, gpu)[0], ours),
-                                     **common)
-              for ours, theirs, what in MEMORY_MEASURES if getattr(measured, theirs)]
-    if not measured.step_time_s:
-        return memory, []
-    speed = evidence.predicted_row(id=f"{case.id}/step_time_s", measured=measured.step_time_s,
-                                   predict=lambda: plan_of(case, gpu).choice.throughput.step_time_s,
-                                   note=f"micro-batches per step: {case.grad_accum}", **common)
-    return memory, [speed]
-
-
 class Results:
-    """What has been measured so far, on disk after every configuration: the JSON lines, the whole record and the
-    two evidence files."""
+    """What has been measured so far, on disk after every configuration: the JSON lines, the whole record, the
+    profiled micro-steps and the receipts."""
 
     def __init__(self, out: Path, header: dict):
         out.mkdir(parents=True, exist_ok=True)
         gpu, date = header["gpu"], header["date"]
-        stem = f"gpu_validation-{gpu}-{date}"
-        self.lines, self.whole = out / f"{stem}.jsonl", out / f"{stem}.json"
-        #: as the results folder names it: facts.source_key gives "trainplan:gpu_validation-<GPU>", the key of
-        #: every earlier gpu_validation results file of this GPU
-        self.source = f"benchmarks/results/{stem}.json (python3 benchmarks/gpu_validation.py)"
-        self.evidence = {kind: out / f"gpu_validation-{kind}-{gpu}-{date}.json" for kind in ("memory", "throughput")}
-        self.header, self.records, self.rows = header, [], {"memory": [], "throughput": []}
+        self.stem = f"gpu_validation-{gpu}-{date}"
+        self.lines, self.whole = out / f"{self.stem}.jsonl", out / f"{self.stem}.json"
+        self.profiles_path = out / f"{self.stem}-profiles.json"
+        self.receipts_folder = out / "receipts"
+        #: as the results folder names it: facts.source_key gives "trainplan:gpu_validation-<GPU>"
+        self.source = f"benchmarks/results/{self.stem}.json (python3 benchmarks/gpu_validation.py)"
+        self.header, self.records, self.receipts, self.profiles = header, [], [], {}
         self.lines.write_text(json.dumps({"record": "run", **header}, sort_keys=True) + "\n")
         self.save()
 
-    def add(self, line: dict, memory: list, speed: list) -> None:
+    def add(self, line: dict, receipt, profile: dict | None) -> None:
         self.records.append(line)
-        self.rows["memory"] += memory
-        self.rows["throughput"] += speed
+        if receipt is not None:
+            self.receipts.append(receipt)
+        if profile is not None:
+            self.profiles[line["id"]] = profile
         with self.lines.open("a") as handle:
             handle.write(json.dumps(line, sort_keys=True) + "\n")
         self.save()
 
+    def summary(self) -> dict:
+        out = {}
+        for quantity in ("peak_allocated", "peak_reserved", "peak_process", "step_time_s"):
+            errors = [r["errors"][quantity] for r in self.records if quantity in (r.get("errors") or {})]
+            if errors:
+                out[quantity] = {"runs": len(errors), "median_abs": statistics.median(abs(e) for e in errors),
+                                 "worst": max(errors, key=abs), "under": sum(e < 0 for e in errors)}
+        return out
+
     def save(self) -> None:
-        whole = {**self.header, "configs": self.records,
-                 "summary": {kind: evidence.summary(rows) for kind, rows in self.rows.items()}}
+        whole = {**self.header, "configs": self.records, "summary": self.summary()}
         self.whole.write_text(json.dumps(whole, indent=1, sort_keys=True) + "\n")
-        stack = (f"the HF Trainer through trainplan's emitted files (probes/train.py under accelerate launch) on "
-                 f"{self.header['nvml_name']}, torch {self.header['torch']}, transformers "
-                 f"{self.header['transformers']}")
-        cannot = ("several GPUs or nodes (one GPU only), long runs (1 warm-up and 2 measured steps: no allocator "
-                  "fragmentation over hours), real data (synthetic full-length batches), other GPUs")
-        for kind, metric in (("memory", MEMORY_METRIC), ("throughput", THROUGHPUT_METRIC)):
-            rows = self.rows[kind] if self.header.get("dry_run") else \
-                evidence.run_rows(self.rows[kind], self.header.get("commit"), self.header["date"])
-            evidence.write_results(self.evidence[kind].stem, rows, kind=kind, metric=metric, stack=stack,
-                                   cannot_show=cannot, command=self.header["command"], out=self.evidence[kind])
+        if self.profiles:
+            self.profiles_path.write_text(json.dumps(self.profiles, indent=1, sort_keys=True) + "\n")
+        if self.receipts and not self.header["dry_run"]:
+            stack = (f"the HF Trainer through trainplan's emitted files (probes/train.py under accelerate launch) on "
+                     f"{self.header['nvml_name']}, torch {self.header['torch']}, transformers "
+                     f"{self.header['transformers']}")
+            runs.write(runs.Benchmark(name=self.stem, metric=METRIC, stack=stack, cannot_show=CANNOT_SHOW,
+                                      command=self.header["command"], receipts=tuple(self.receipts)),
+                       folder=self.receipts_folder)
 
 
-# --- the run -----------------------------------------------------------------------------------------------------
-def prepare(case: Case, gpu: str, deadline: float) -> Prepared | dict:
-    """Everything before the run, on this thread: what the case needs, the edge search, the pinned plan, its
-    predictions and its files. A case that cannot run comes back as its finished record."""
-    from probes.runner import probe_files
+# --- a run recorded before runs kept receipts ---------------------------------------------------------------------
+def recorded_receipts(whole: Path, commit: str) -> runs.Benchmark:
+    """The receipts of a run recorded before runs kept them (its whole record, gpu_validation-<GPU>-<date>.json, made
+    on the tree of `commit`), each scored against the plan's own prediction the record holds: the pinned plan's
+    peak_allocated and step time (and its reserved and process peaks where the record's estimate_memory figures were
+    the plan's: where its allocated peak equals the plan's), and the configuration that ran (Liger where the plan
+    had it)."""
+    from benchmarks.provenance import git
 
-    why_not = missing(case)
-    if why_not:
-        return record(case, "skipped", why_not)
-    if time.monotonic() > deadline - MIN_RUN_S:
-        return record(case, "skipped", "the time budget (--budget) was spent")
-    edge = None
-    try:
-        if case.edge:
-            case, edge = edge_case(case, gpu)
-        draft, predicted, used = predict(case, gpu)
-        files = probe_files(draft, draft.choice.config)
-    except Exception as err:  # noqa: BLE001 - a configuration the planner refuses is a record, not a crash
-        return record(case, "not planned", f"{type(err).__name__}: {str(err)[:300]}", edge=edge)
-    return Prepared(case, predicted, used, files, edge)
-
-
-def finish(job: Prepared, result, wall_s: float, gpu: str, results: Results) -> dict:
-    """The case's record (and evidence rows, when it ran), written at once."""
-    status = result.status if result is not None else "dry-run"
-    line = record(job.case, status, result.reason if result is not None else "", predicted=job.predicted,
-                  facts_used=job.facts_used, wall_s=round(wall_s, 1))
-    memory, speed = [], []
-    if result is not None:
-        line["measured"] = result.model_dump(mode="json")
-    if status == "ok":
-        try:
-            memory, speed = evidence_rows(job.case, gpu, result, results.source, job.predicted["precision_family"])
-        except Exception as err:  # noqa: BLE001 - the measurement is kept; the rows' failure is said
-            line["reason"] = f"no evidence rows: {type(err).__name__}: {str(err)[:300]}"
-        line["errors"] = {row.id.split("/")[-1]: row.error for row in memory + speed}
-        line["in_sample_by"] = sorted({key for row in memory + speed for key in row.in_sample_by})
-        if job.case.compile:  # the warm-up step compiles: the training's wall time beyond its steps
-            line["compile_s_measured"] = result.seconds - (WARMUP + STEPS) * result.step_time_s
-    if job.edge is not None:  # holds: the largest predicted to fit ran, and the next one up is predicted not to
-        holds = None if result is None else status == "ok" and not job.edge["next_fits"]
-        line["edge"] = {**job.edge, "ran": status, "holds": holds}
-    results.add(line, memory, speed)
-    print(progress_line(line), flush=True)
-    return line
+    data = json.loads(whole.read_text())
+    tree = (git("rev-parse", f"{commit}:planner") or "").strip() or None
+    receipts = []
+    for line in data["configs"]:
+        if line["status"] != "ok":
+            continue
+        receipts.append(_recorded(line, data, tree, whole))
+    header = {k: data[k] for k in ("nvml_name", "torch", "transformers")}
+    return runs.Benchmark(name=whole.stem, metric=METRIC, stack=f"the HF Trainer through trainplan's emitted files on "
+                          f"{header['nvml_name']}, torch {header['torch']}, transformers {header['transformers']}",
+                          cannot_show=CANNOT_SHOW, command=f"python benchmarks/gpu_validation.py --from-record "
+                                                           f"benchmarks/results/{whole.name} --commit {commit}",
+                          receipts=tuple(receipts))
 
 
-def run_all(cases: list[Case], gpu: str, results: Results, runner: Runner | None, deadline: float) -> None:
-    """Prepare each case on this thread while the runner measures the previous one; at most `runner.depth` runs
-    exist at once. Without a runner (a dry run) each case is recorded as predicted."""
-    inflight: deque = deque()
-    depth = runner.depth if runner is not None else 1
-    for case in cases:
-        job = prepare(case, gpu, deadline)
-        if isinstance(job, dict):
-            results.add(job, [], [])
-            print(progress_line(job), flush=True)
-        elif runner is None:
-            finish(job, None, 0.0, gpu, results)
-        else:
-            receipt = results.lines.parent / "receipts" / f"{results.lines.stem}-{case.id}.json"
-            inflight.append((job, runner.submit(job.files, job.case.limit_s, receipt)))
-        while inflight and (len(inflight) >= depth or inflight[0][1].done()):
-            done, future = inflight.popleft()
-            finish(done, *outcome(future), gpu, results)
-    while inflight:
-        done, future = inflight.popleft()
-        finish(done, *outcome(future), gpu, results)
+def _recorded(line: dict, data: dict, tree: str | None, whole: Path):
+    from planner.config import Config
+    from planner.receipts import Device, Figures, Hardware, Prediction, Receipt, RunPlan
 
-
-def outcome(future: cf.Future) -> tuple:
-    """A run's (Measurement, seconds); a run that raised instead is an error with its reason."""
-    from planner.types import Measurement
-
-    try:
-        return future.result()
-    except Exception as err:  # noqa: BLE001 - one configuration failing is recorded, the rest still run
-        return Measurement(status="error", reason=f"{type(err).__name__}: {str(err)[:300]}"), 0.0
+    config, predicted, measured = line["config"], line["predicted"], line["measured"]
+    liger = "Liger" in predicted["config"]
+    fields = {k: config[k] for k in ("model", "seq_len", "micro_batch", "precision", "checkpointing", "peft", "task",
+                                     "num_labels", "zero_stage", "offload", "compile", "grad_accum")}
+    case = Case(id=line["id"], why=line["why"], liger=liger, extra=tuple(config["extra"].items()), **fields)
+    choice = Config.of(micro_batch=config["micro_batch"], grad_accum=config["grad_accum"], world_size=1,
+                       precision=config["precision"], checkpointing=config["checkpointing"],
+                       zero_stage=config["zero_stage"], offload=config["offload"], compiled=config["compile"],
+                       liger=liger)
+    own = {"peak_allocated": predicted["plan_peak_allocated"], "step_time_s": predicted["step_time_s"],
+           "tokens_per_s": predicted["tokens_per_s"]}
+    if predicted["peak_allocated"] == predicted["plan_peak_allocated"]:  # estimate_memory gave the plan's figures
+        own.update(peak_reserved=predicted["peak_reserved"], peak_process=predicted["peak_process"])
+    figures = Figures.model_validate(own, strict=False)
+    request = {k: v for k, v in request_of(case, data["gpu"]).items() if k != "dataset"}
+    plan = RunPlan(model=config["model"], seq_len=config["seq_len"], adapter=config["peft"], task=config["task"],
+                   choice=choice, hardware=Hardware(gpu=data["gpu"], gpus_per_node=1, nodes=1), request=request)
+    seen = Figures.model_validate({"peak_allocated": measured["peak_allocated"],
+                                   "peak_reserved": measured["peak_reserved"],
+                                   "peak_process": measured["process_memory"] or None,
+                                   "step_time_s": measured["step_time_s"],
+                                   "tokens_per_s": measured["tokens_per_s"]}, strict=False)
+    return Receipt(id=line["id"], created=data["date"], source=f"benchmarks/results/{whole.name} (python3 "
+                   "benchmarks/gpu_validation.py)", data_file=f"benchmarks/results/{whole.name}", plan=plan,
+                   device=Device(kind="cuda", name=data["nvml_name"], gpu=data["gpu"], count=1),
+                   versions={k: data.get(k) for k in ("python", "torch", "cuda", "transformers", "accelerate")},
+                   predicted=Prediction(model=figures, printed=figures, tree=tree, facts=tuple(line["facts_used"])),
+                   measured=seen, steps=data["steps"], warmup=data["warmup"], note=line["why"])
 
 
 # --- what is printed ---------------------------------------------------------------------------------------------
@@ -538,41 +548,38 @@ def _pct(value) -> str:
 def progress_line(line: dict) -> str:
     """One configuration in one line: its errors when measured, its predictions in a dry run, else why not."""
     head = f"{line['id'][:28]:28s} {line['status'][:11]:11s}"
-    errors, predicted = line.get("errors"), line.get("predicted") or {}
+    errors, predicted = line.get("errors"), (line.get("predicted") or {}).get("model") or {}
     if errors:
         return (head + " ".join(_pct(errors.get(k)) for k in ("peak_allocated", "peak_reserved", "peak_process",
                                                                "step_time_s")) + f" {line['wall_s']:5.0f} s")
     if line["status"] == "dry-run":
-        return (head + f" predicted {predicted['peak_allocated'] / GIB:6.2f} GiB allocated, "
-                f"{predicted['peak_process'] / GIB:6.2f} GiB process, {predicted['step_time_s']:.3f} s/step "
-                f"({predicted['memory_from']})")
+        return (head + f" predicted {(predicted.get('peak_allocated') or 0) / GIB:6.2f} GiB allocated, "
+                f"{(predicted.get('peak_process') or 0) / GIB:6.2f} GiB process, "
+                f"{predicted.get('step_time_s') or 0:.3f} s/step ({line['planned']})")
     return head + " " + (line.get("reason") or "")[:90]
 
 
 def summary_lines(results: Results, seconds: float) -> list[str]:
-    """The one-screen summary: the configurations, the error of each metric, the edges, what did not run."""
+    """The one-screen summary: the configurations, the error of each figure against the plan's own prediction, the
+    edges, what did not run."""
     h, records = results.header, results.records
     lines = ["", f"gpu_validation on {h['gpu']} ({h['nvml_name']}), torch {h['torch']}, {seconds:.0f} s, "
-                 f"{'dry run' if h['dry_run'] else 'overlap ' + ('on' if h['overlap'] else 'off')}",
+                 f"{'dry run' if h['dry_run'] else 'serial runs'}",
              f"{'configuration':28s} {'status':11s}{'alloc':>7s} {'reserved':>7s} {'process':>7s} {'step':>7s}"]
     lines += [progress_line(r) for r in records]
-    for measure in ("peak_allocated", "peak_reserved", "peak_process", "step_time_s"):
-        errors = [r["errors"][measure] for r in records if measure in (r.get("errors") or {})]
-        if errors:
-            lines.append(f"{measure:15s} {len(errors):2d} rows  median |error| "
-                         f"{statistics.median(abs(e) for e in errors):5.1%}  worst {max(errors, key=abs):+6.1%}  "
-                         f"under-predicted {sum(e < 0 for e in errors)}")
+    for quantity, s in results.summary().items():
+        lines.append(f"{quantity:15s} {s['runs']:2d} runs  median |error| {s['median_abs']:5.1%}  worst "
+                     f"{s['worst']:+6.1%}  under-predicted {s['under']}")
     for r in records:
-        if "edge" in r and r["edge"]:
+        if r.get("edge"):
             e = r["edge"]
             lines.append(f"edge {r['id']}: mb {e['largest_fitting']} predicted {e['predicted_peak'] / GIB:.1f} GiB "
                          f"of {e['budget'] / GIB:.1f} GiB, ran {e['ran']}; mb {e['next']} predicted "
                          f"{e['next_predicted_peak'] / GIB:.1f} GiB, fits: {e['next_fits']}")
     lines += compile_lines(records)
-    kinds = {k: (len(rows), sum(r.in_sample for r in rows)) for k, rows in results.rows.items()}
-    lines.append("evidence rows: " + ", ".join(f"{k} {n} ({s} in-sample)" for k, (n, s) in kinds.items()))
-    lines.append(f"wrote {results.lines}, {results.whole.name}, "
-                 + ", ".join(p.name for p in results.evidence.values()))
+    lines.append(f"receipts: {len(results.receipts)}; wrote {results.lines}, {results.whole.name}"
+                 + (f", {results.profiles_path.name}" if results.profiles else "")
+                 + (f", receipts/{results.stem}.json" if results.receipts and not h["dry_run"] else ""))
     return lines
 
 
@@ -588,10 +595,9 @@ def compile_lines(records: list[dict]) -> list[str]:
         twin = eager.get(key(r))
         if r["config"]["compile"] and r["status"] == "ok" and twin:
             measured = twin["measured"]["step_time_s"] / r["measured"]["step_time_s"]
-            predicted = twin["predicted"]["step_time_s"] / r["predicted"]["step_time_s"]
+            predicted = twin["predicted"]["model"]["step_time_s"] / r["predicted"]["model"]["step_time_s"]
             lines.append(f"compile {r['id']}: speed-up over {twin['id']} measured {measured:.2f}x, predicted "
-                         f"{predicted:.2f}x; compile {r['compile_s_measured']:.0f} s, predicted "
-                         f"{r['predicted']['compile_once_s']:.0f} s")
+                         f"{predicted:.2f}x; compile {r['compile_s_measured']:.0f} s measured")
     return lines
 
 
@@ -601,18 +607,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="results folder (default: $OUT, else benchmarks/results; a dry run: "
                                                  "$OUT, else a new temporary folder)")
     parser.add_argument("--dry-run", action="store_true", help="predictions only: no GPU, nothing is run")
-    parser.add_argument("--commit", help="the commit the tree was sent from (the GPU machine's copy has no git); "
-                                         "recorded as what scored the rows")
-    parser.add_argument("--relabel", type=Path, help="a run's whole record (gpu_validation-<GPU>-<date>.json) made "
-                                                     "before rows carried strata and labels: label its evidence "
-                                                     "files (with --commit, the tree it was sent from)")
     parser.add_argument("--only", help="comma-separated configuration ids (see --list)")
     parser.add_argument("--list", action="store_true", help="print the configurations and why each is there")
     parser.add_argument("--gpu", help="catalog GPU to predict for (default: the detected one; a dry run: H100-80GB)")
+    parser.add_argument("--from-record", type=Path, metavar="RECORD",
+                        help="write the receipts of a run recorded before runs kept them (its whole record, "
+                             "gpu_validation-<GPU>-<date>.json), with --commit, the commit the run was sent from")
+    parser.add_argument("--commit", help="with --from-record: the commit whose tree the recorded run planned with")
     parser.add_argument("--budget", type=float, default=450.0,
-                        help="seconds after which no run starts and every run is cut (default 450)")
-    parser.add_argument("--serial", action="store_true",
-                        help="one training process at a time (no start-up overlapping the previous run)")
+                        help="seconds after which no run starts; a run that could outlast it is not started "
+                             "(default 450)")
     args = parser.parse_args(argv)
     known = [case.id for case in ITEMS]
     unknown = sorted(set((args.only or "").split(",")) - set(known) - {""})
@@ -626,47 +630,20 @@ def header(args, gpu: str, nvml_name: str) -> dict:
     import torch
     import transformers
 
+    from planner.receipts import host_processor, planner_tree, versions
+
     return {"gpu": gpu, "nvml_name": nvml_name, "date": dt.date.today().isoformat(), "dry_run": args.dry_run,
-            "overlap": not (args.serial or args.dry_run), "budget_s": args.budget, "warmup": WARMUP,
-            "steps": STEPS, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-            "python": sys.version.split()[0], "command": "python3 benchmarks/gpu_validation.py --out $OUT",
-            "commit": args.commit or (evidence._git("rev-parse", "HEAD") or "").strip() or None}
-
-
-def relabel(whole: Path, commit: str) -> list[Path]:
-    """The evidence files of a run recorded before rows carried their stratum and label (the run's whole record
-    `whole`, sent from `commit`): each row's group from its configuration's record, first-look (`evidence.run_rows`)."""
-    from planner.config import Config
-
-    record_ = json.loads(whole.read_text())
-    configs = {c["id"]: c["config"] for c in record_["configs"]}
-    written = []
-    for kind in ("memory", "throughput"):
-        path = whole.with_name(whole.name.replace("gpu_validation-", f"gpu_validation-{kind}-"))
-        result = json.loads(path.read_text())
-        rows = []
-        for data in result["rows"]:
-            c = configs[data["id"].split("/")[0]]
-            cfg = Config.of(micro_batch=c["micro_batch"], grad_accum=c["grad_accum"], world_size=1,
-                            precision=c["precision"], checkpointing=c["checkpointing"], zero_stage=c["zero_stage"],
-                            offload=c["offload"], compiled=c["compile"])
-            group = evidence.run_group(PROGRAM, record_["gpu"], cfg, adapter=c["peft"])
-            fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()
-                      if k in evidence.Row.__dataclass_fields__}
-            rows.append(evidence.Row(**{**fields, "group": group}))
-        rows = evidence.run_rows(rows, commit, record_["date"])
-        written.append(evidence.write_results(result["benchmark"], rows, kind=kind, metric=result["metric"],
-                                              stack=result["stack"], cannot_show=result["cannot_show"],
-                                              command=result["command"], out=path))
-    return written
+            "budget_s": args.budget, "warmup": WARMUP, "steps": STEPS, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__, "python": sys.version.split()[0], "host": host_processor(),
+            "versions": versions(), "planner_tree": planner_tree(),
+            "command": "python3 benchmarks/gpu_validation.py --out $OUT"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.relabel:
-        for path in relabel(args.relabel, args.commit):
-            print(f"relabelled {path}")
+    if args.from_record:
+        print(f"wrote {runs.write(recorded_receipts(args.from_record, args.commit))}")
         return 0
     cases = [c for c in ITEMS if not args.only or c.id in args.only.split(",")]
     if args.list:
@@ -686,8 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.mkdtemp(prefix="gpu-validation-dry-run-") if args.dry_run else ROOT / "benchmarks" / "results"))
     results = Results(out, header(args, gpu, local.nvml_name if local else "none (dry run)"))
     deadline = START + args.budget if not args.dry_run else float("inf")
-    runner = None if args.dry_run else Runner(overlap=not args.serial, deadline=deadline)
-    run_all(cases, gpu, results, runner, deadline)
+    run_all(cases, gpu, results, args.dry_run, deadline)
     import torch
 
     # the runs are the only CUDA processes: this one must not hold a context (memory) beside them
@@ -698,6 +674,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [WORKER]:
-        sys.exit(gated_training(sys.argv[2:]))
     sys.exit(main())

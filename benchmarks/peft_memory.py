@@ -14,12 +14,13 @@ which):
 * skipped, with the reason: other stacks (LitGPT, torchtune, Unsloth kernels), multi-GPU sharding of a 4-bit
   base, capacity claims without a configuration, DoRA and other adapters, rows without a sequence length.
 
-Written with benchmarks/evidence.py (`python -m benchmarks.report` reads them):
+Written (`python -m benchmarks.report` reads them):
 
-* benchmarks/results/peft_memory.json (kind "memory"): every predicted row, with the installed transformers, each
-  row's `group` saying how its run trained ("trainer": fms-acceleration's runs, the HF Trainer through trl's
-  SFTTrainer; "hf-loop": PEFT's method comparison, HF model code in its own loop) and its note saying whether it ran
-  the planned program or another; the skipped rows under "skipped";
+* benchmarks/results/receipts/peft_memory.json: each run as a receipt (benchmarks/runs.py), planned by `planner.plan`
+  pinned to its configuration (adapters and all) with the installed transformers, its program saying how it trained
+  ("trainer": fms-acceleration's runs, the HF Trainer through trl's SFTTrainer; "hf-loop": PEFT's method comparison,
+  HF model code in its own loop; "other": peft's fp32 upcast of a QLoRA model, which no plan runs) and its note
+  saying whether it ran the planned program; the skipped rows in benchmarks/results/peft_memory-skipped.json;
 * benchmarks/results/peft_memory-measured-release.json (kind "other", a diagnostic; `--no-releases` skips it): the
   rows whose notes name the transformers release they ran (fms-acceleration's 4.48.1, PEFT's method comparison's
   5.13.1) traced with that release (benchmarks/releases.py): 4.48.1's causal-LM loss, for one, keeps fp32 copies of
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import evidence  # noqa: E402
+from benchmarks import evidence, runs  # noqa: E402
 from planner import Adapter, estimate_memory  # noqa: E402
 from planner.config import Config  # noqa: E402
 
@@ -135,6 +136,28 @@ def note_of(row: dict, transformers_version: str | None = None) -> str:
     return "; ".join(parts)
 
 
+def request_of(row: dict) -> dict:
+    """`planner.plan`'s keywords pinning the row's configuration and adapters on one GPU, its memory traced."""
+    inputs, adapter = plan_inputs(row), adapter_of(row)
+    fields = {"peft": adapter.method, "lora_rank": adapter.rank, "lora_alpha": adapter.alpha,
+              "lora_targets": ",".join(adapter.targets), "lora_dropout": adapter.dropout,
+              "double_quant": adapter.double_quant} if adapter else {}
+    return {"model": row["model"], "global_batch": inputs["micro_batch"] * inputs["grad_accum"], "gpu": inputs["gpu"],
+            "gpus_per_node": 1, "seq_len": inputs["seq_len"], "micro_batch": inputs["micro_batch"],
+            "precision": inputs["precision"], "optimizer": inputs["optimizer"], "checkpointing": inputs["checkpointing"],
+            "zero_stage": 0, "offload": "none", "attention": inputs["attention"], "compile": "off", "liger": "off",
+            "memory_method": "trace", **fields}
+
+
+def receipt(row: dict):
+    """The run's receipt: the pinned plan's own prediction beside the published figure."""
+    return runs.receipt_of(id=row["id"], source=row["source"], data_file=f"benchmarks/data/{DATA_FILE}",
+                           request=request_of(row), measured={METRICS[row["metric"]]: float(row["value"]) *
+                                                              UNITS[row["unit"]]},
+                           device=runs.published_device(GPUS[row["gpu"]], 1), program=program_of(row),
+                           note=note_of(row))
+
+
 def predicted(row: dict, note: str) -> tuple[evidence.Row, str]:
     """The row's evidence row (estimate_memory for its configuration, its adapters built by peft on the meta model)
     and the estimate's method."""
@@ -221,34 +244,31 @@ def main() -> int:
     if args.worker:
         return worker(args.worker)
     data = {row["id"]: row for row in json.loads((DATA / DATA_FILE).read_text())["rows"]}
-    rows, skipped, methods = [], [], {}
+    receipts, skipped = [], []
     for row in data.values():
         reason = skip_reason(row)
         if reason:
             skipped.append({"id": row["id"], "reason": reason})
             continue
-        judged, methods[row["id"]] = predicted(row, note_of(row))
-        rows.append(judged)
-        print(f"{judged.id:42s} {judged.group['program']:8s} {data[judged.id]['metric']:22s} measured "
-              f"{judged.measured / 2**30:6.2f} GiB  predicted {judged.predicted / 2**30:6.2f} GiB  "
-              f"{judged.error:+.1%}{'  (other program)' if upcast(data[judged.id]) else ''}", flush=True)
+        found = receipt(row)
+        receipts.append(found)
+        quantity = METRICS[row["metric"]]
+        print(f"{found.id:42s} {found.plan.program:8s} {row['metric']:22s} measured "
+              f"{found.measured.get(quantity) / 2**30:6.2f} GiB  predicted "
+              f"{found.predicted.model.get(quantity) / 2**30:6.2f} GiB  {1 / found.ratio(quantity) - 1:+.1%}"
+              f"{'  (other program)' if upcast(row) else ''}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = evidence.write_results(
-        NAME, rows, kind="memory", command=COMMAND, stack=_stack(), out=args.out / f"{NAME}.json",
-        metric="peak memory as each row reports it: torch.cuda.max_memory_allocated against the estimate's "
+    runs.write(runs.Benchmark(
+        name=NAME, command=COMMAND, stack=_stack(), receipts=tuple(receipts),
+        metric="peak memory as each run's source reports it: torch.cuda.max_memory_allocated against the plan's "
                "peak_allocated, max_memory_reserved against peak_reserved (neither holds the plan's error margin)",
         cannot_show="other stacks' LoRA (LitGPT, torchtune, Unsloth: skipped), a 4-bit base sharded over GPUs, DoRA; "
                     "models beyond Mistral-7B and Llama-3.2-3B. PEFT's rows' max_memory_reserved spans the whole run, "
                     "evaluation generation included. Two rows ran peft's fp32 upcast of a QLoRA model, a program "
-                    "plan.prepare does not run (their notes say so)")
-    record = json.loads(path.read_text())
-    record["skipped"] = skipped
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    _print("all (installed transformers)", rows)
-    _print("planned program", [r for r in rows if not upcast(data[r.id])])
-    _print("other program (fp32 upcast)", [r for r in rows if upcast(data[r.id])])
+                    "plan.prepare does not run (their notes say so)"))
+    (args.out / f"{NAME}-skipped.json").write_text(json.dumps(skipped, indent=1, sort_keys=True) + "\n")
     if not args.no_releases:
-        traced = [r for r in rows if methods[r.id] == "trace"]
+        traced = [predicted(data[r.id], note_of(data[r.id]))[0] for r in receipts]
         rebuilt, failed = release_rows(traced, data)
         evidence.write_results(
             f"{NAME}-measured-release", rebuilt, kind="other", command=COMMAND,

@@ -1,14 +1,15 @@
 """Predicted GPU memory against published measurements: what a user of the installed stack gets on plan's own path.
 
 Rows come from benchmarks/data/published_memory.json (each with its source, the metric it reports and notes) and,
-for torchtitan's Llama-3.1-8B FSDP2 runs, benchmarks/data/memory_calibration.json. Each row's configuration goes
-through `planner.estimate_memory` as a plan estimates it, with the installed transformers and nothing a plan does
-not do: the Trainer's objective (the head's loss on labels), the row's micro-batch, sequence, accumulation,
-checkpointing, attention, optimizer and sharding, and its precision as the planner names it. A run that took no
-optimizer step is planned with stateless SGD (no state, no step temporaries: the same bytes), pure fp16 weights as
-bf16-true (the same bytes; the planner has no fp16-true). The prediction is the metric the row reports, like with
-like: `peak_allocated` for torch.cuda.max_memory_allocated, `peak_reserved` for max_memory_reserved, `peak_process`
-(what nvidia-smi shows) for process totals; none of them holds the plan's error margin.
+for torchtitan's Llama-3.1-8B FSDP2 runs, benchmarks/data/memory_calibration.json. Each row is a run, kept as a
+receipt (benchmarks/runs.py): its configuration planned by `planner.plan` pinned to it, with the installed
+transformers and nothing a plan does not do: the Trainer's objective (the head's loss on labels), the row's
+micro-batch, sequence, accumulation, checkpointing, attention, optimizer and sharding, and its precision as the
+planner names it. A run that took no optimizer step is planned with stateless SGD (no state, no step temporaries: the
+same bytes), pure fp16 weights as bf16-true (the same bytes; the planner has no fp16-true). The measurement is the
+metric the row reports, like with like: torch.cuda.max_memory_allocated against the plan's `peak_allocated`,
+max_memory_reserved against `peak_reserved`, process totals against `peak_process` (what nvidia-smi shows); none of
+them holds the plan's error margin.
 
 The measured runs differ from that program where the plan does not follow them, and that is part of the error a
 user meets: the transformers docs' SDPA tables (OPT-350m, Pythia-410m, BERT-base; one script, fxmarty's gist) ran
@@ -17,10 +18,11 @@ shipped each model's SDPA code; LLMs-from-scratch's GPT-2 and torchtitan's Llama
 (group "optimised"). Rows the planner cannot express are listed with the reason (image models: the trace builds
 token inputs; LoRA/QLoRA rows are benchmarks/peft_memory.py's; multi-GPU sharding of other stacks).
 
-Written with benchmarks/evidence.py (`python -m benchmarks.report` reads them):
+Written (`python -m benchmarks.report` reads them):
 
-* benchmarks/results/published_memory.json (kind "memory"): the headline, one row per measurement, with the
-  activation margin's fit (below) under "activation_margin";
+* benchmarks/results/receipts/published_memory.json: the runs' receipts;
+* benchmarks/results/published_memory.json (benchmarks/evidence.py's format, kind "other"): the activation margin's
+  fit (below) under "activation_margin", and the runs skipped with why;
 * benchmarks/results/published_memory-margin-loso.json (kind "other"): the margin held out by source: each HF-code
   row's prediction plus the margin fitted on the other sources' rows, against its measurement ("under" there is the
   share of rows the held-back margin does not cover);
@@ -49,6 +51,7 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -56,16 +59,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import evidence  # noqa: E402
-from planner import estimate_memory, facts  # noqa: E402
+from benchmarks import evidence, runs  # noqa: E402
+from planner import facts  # noqa: E402
 from planner.config import Config  # noqa: E402
 from planner.hardware import lookup_gpu  # noqa: E402
 from planner.memory.estimate import Evaluation  # noqa: E402
 from planner.models import resolve_model  # noqa: E402
 from planner.program.workload import Workload  # noqa: E402
+from planner.receipts import Receipt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
+DATA_FILE = "published_memory.json"
 NAME = "published_memory"
 MARGIN_KEY = "memory.activation_margin"
 #: the margin's statistic: this percentile of measured over predicted activations, less 1
@@ -169,83 +174,114 @@ def differences(row: dict) -> str:
     return "; ".join(parts)
 
 
+def request_of(row: dict) -> dict:
+    """`planner.plan`'s keywords pinning the row's configuration on one GPU (a model of another stack's code as the
+    HF config of its shapes, as a dict), its memory traced (`--memory-method trace`: a configuration the plan rejects
+    is traced too, not screened)."""
+    inputs, model = plan_inputs(row), model_of(row)
+    return {"model": model if isinstance(model, str) else model.to_diff_dict(),
+            "global_batch": inputs["micro_batch"] * inputs["grad_accum"], "gpu": inputs["gpu"], "gpus_per_node": 1,
+            "seq_len": inputs["seq_len"], "micro_batch": inputs["micro_batch"], "precision": inputs["precision"],
+            "optimizer": inputs["optimizer"], "checkpointing": inputs["checkpointing"], "zero_stage": 0,
+            "offload": "none", "attention": inputs["attention"], "compile": "off", "liger": "off",
+            "memory_method": "trace"}
+
+
 @dataclasses.dataclass
 class Judged:
-    """A headline row with what the margin is fitted from: the predicted activations and the rest of the prediction."""
+    """A run's receipt with the figure its source reports (`quantity`) and whether it is in the margin's fit (HF
+    model code): its measurement against the plan's prediction, the predicted activations and the rest."""
 
-    row: evidence.Row
-    activations: int
-    rest: int             # the prediction less its activations (model states and overheads)
-    fit: bool             # in the margin's fit (HF model code)
+    receipt: Receipt
+    quantity: str
+    fit: bool
+
+    @property
+    def predicted(self) -> float:
+        return self.receipt.predicted.model.get(self.quantity)
+
+    @property
+    def measured(self) -> float:
+        return self.receipt.measured.get(self.quantity)
+
+    @property
+    def activations(self) -> int:
+        return int(self.receipt.predicted.model.activations or 0)
+
+    @property
+    def rest(self) -> float:
+        """The prediction less its activations (model states and overheads)."""
+        return self.predicted - self.activations
 
     @property
     def ratio(self) -> float:
         """Measured over predicted activations."""
-        return (self.row.measured - self.rest) / max(self.activations, 1)
+        return (self.measured - self.rest) / max(self.activations, 1)
 
     def covered(self, margin: float) -> bool:
-        return self.row.measured <= self.row.predicted + margin * self.activations
+        return self.measured <= self.predicted + margin * self.activations
+
+    @property
+    def source_key(self) -> str:
+        return facts.source_key(self.receipt.source)
+
+    def row(self, predicted: float, used: tuple[str, ...], note: str) -> evidence.Row:
+        """The run as an evidence row of a check: `predicted` against its measurement."""
+        r = self.receipt
+        return evidence.Row(id=r.id, data_file=Path(r.data_file).name, source=r.source, predicted=predicted,
+                            measured=self.measured, group=evidence.run_group(r.plan.program, r.plan.hardware.gpu,
+                                                                             r.plan.choice),
+                            facts_used=used, in_sample_by=tuple(facts.in_sample_by(used, Path(r.data_file).name,
+                                                                                   r.id, r.source)), note=note)
 
 
 def published_rows() -> tuple[list[Judged], list[dict]]:
-    """The headline rows of published_memory.json, and the rows skipped with why."""
+    """The receipts of published_memory.json's runs, and the rows skipped with why."""
     done, skipped = [], []
     for row in json.loads((DATA / "published_memory.json").read_text())["cases"]:
         reason = skip_reason(row)
         if reason:
             skipped.append({"id": row["id"], "reason": reason})
             continue
-        inputs, metric, kept = plan_inputs(row), METRICS[row["metric"]], {}
-
-        def predict(row=row, inputs=inputs, metric=metric, kept=kept):
-            kept["est"] = estimate_memory(model_of(row), **inputs)
-            return getattr(kept["est"], metric)
-
-        group = {**evidence.run_group(program_of(row), inputs["gpu"]), "precision": precision_family(inputs["precision"])}
-        judged = evidence.predicted_row(id=row["id"], data_file="published_memory.json", source=row["source"],
-                                        measured=row["value"] * UNITS[row["unit"]], predict=predict, group=group,
-                                        note=differences(row))
-        est = kept["est"]
-        done.append(Judged(judged, est.activations, int(judged.predicted) - est.activations,
-                           fit=group["program"] != "optimised"))
+        metric = METRICS[row["metric"]]
+        receipt = runs.receipt_of(id=row["id"], source=row["source"], data_file=f"benchmarks/data/{DATA_FILE}",
+                                  request=request_of(row), measured={metric: row["value"] * UNITS[row["unit"]]},
+                                  device=runs.published_device(plan_inputs(row)["gpu"], 1), program=program_of(row),
+                                  note=differences(row))
+        judged = Judged(receipt, metric, fit=program_of(row) != "optimised")
+        done.append(judged)
         print(_line(judged), flush=True)
     return done, skipped
 
 
 def torchtitan_rows() -> list[Judged]:
     """torchtitan's Llama-3.1-8B FSDP2 runs (no torch.compile), as FSDP2 ZeRO-3 configurations with selective
-    checkpointing: another stack's model code and loop (group "optimised")."""
+    checkpointing: another stack's model code and loop (program "optimised")."""
     out, source = [], ""
     for row in json.loads((DATA / "memory_calibration.json").read_text())["cases"]:
         source = source if row["source"] == "same" else row["source"]  # "same": the row above's source
         if row["model"] != "Llama-3.1-8B" or row.get("compile"):
             continue
-        kept = {}
-
-        def predict(row=row, kept=kept):
-            kept["est"] = estimate_memory("meta-llama/Llama-3.1-8B", micro_batch=row["micro_batch"],
-                                          seq_len=row["seq_len"], precision="bf16-mixed", checkpointing="selective",
-                                          zero_stage=3, engine="fsdp", world_size=row["gpus"], gpus_per_node=8,
-                                          gpu="H100-80GB")
-            return kept["est"].peak_reserved
-
-        group = evidence.run_group("optimised", "H100-80GB", Config.of(
-            micro_batch=row["micro_batch"], grad_accum=1, world_size=row["gpus"], precision="bf16-mixed",
-            checkpointing="selective", zero_stage=3, offload="none", engine="fsdp"), gpus_per_node=8)
-        judged = evidence.predicted_row(
-            id=row["id"], data_file="memory_calibration.json", source=source, measured=row["GiB"] * 2**30,
-            predict=predict, group=group,
+        ran = Config.of(micro_batch=row["micro_batch"], grad_accum=1, world_size=row["gpus"], precision="bf16-mixed",
+                        checkpointing="selective", zero_stage=3, offload="none", engine="fsdp")
+        request = {"model": "meta-llama/Llama-3.1-8B", "global_batch": ran.global_batch, "gpu": "H100-80GB",
+                   "gpus_per_node": 8, "nodes": row["gpus"] // 8, "seq_len": row["seq_len"], "memory_method": "trace",
+                   **ran.request_fields()}
+        receipt = runs.receipt_of(
+            id=row["id"], source=source, data_file="benchmarks/data/memory_calibration.json", request=request,
+            measured={"peak_reserved": row["GiB"] * 2**30}, device=runs.published_device("H100-80GB", row["gpus"]),
+            program="optimised",
             note=f"approximate: torchtitan's own model code and FSDP2 loop, {row['gpus']} GPUs ({row['gpu']}), "
                  f"planned as FSDP2 ZeRO-3 with selective checkpointing on H100-80GB")
-        est = kept["est"]
-        out.append(Judged(judged, est.activations, int(judged.predicted) - est.activations, fit=False))
+        judged = Judged(receipt, "peak_reserved", fit=False)
+        out.append(judged)
         print(_line(judged), flush=True)
     return out
 
 
-def _line(row: evidence.Row) -> str:
-    return (f"{row.id:44s} {row.group['program']:9s} measured {row.measured / 2**30:7.2f} GiB  predicted "
-            f"{row.predicted / 2**30:7.2f} GiB  {row.error:+7.1%}{'  in-sample' if row.in_sample else ''}")
+def _line(j: Judged) -> str:
+    return (f"{j.receipt.id:44s} {j.receipt.plan.program:9s} measured {j.measured / 2**30:7.2f} GiB  predicted "
+            f"{j.predicted / 2**30:7.2f} GiB  {j.predicted / j.measured - 1:+7.1%}")
 
 
 # --- the activation margin -------------------------------------------------------------------------------------------
@@ -264,12 +300,12 @@ def margin_fit(judged: list[Judged]) -> dict:
     """The margin fitted on all HF-code rows, and judged leave-one-source-out: per source, the margin of the other
     sources' rows and the share of the held-out rows it covers; the rows outside the fit, with the margin of all."""
     fit = [j for j in judged if j.fit]
-    sources = sorted({facts.source_key(j.row.source) for j in fit})
+    sources = sorted({j.source_key for j in fit})
     whole = margin_of(fit)
     folds = {}
     for source in sources:
-        held = [j for j in fit if facts.source_key(j.row.source) == source]
-        rest = [j for j in fit if facts.source_key(j.row.source) != source]
+        held = [j for j in fit if j.source_key == source]
+        rest = [j for j in fit if j.source_key != source]
         margin = margin_of(rest)
         folds[source] = {"rows": len(held), "fitted_on_rows": len(rest), "margin": margin,
                          "covered": sum(j.covered(margin) for j in held),
@@ -279,7 +315,7 @@ def margin_fit(judged: list[Judged]) -> dict:
     outside = {}
     for j in judged:
         if not j.fit:
-            entry = outside.setdefault(facts.source_key(j.row.source), {"rows": 0, "covered": 0})
+            entry = outside.setdefault(j.source_key, {"rows": 0, "covered": 0})
             entry["rows"] += 1
             entry["covered"] += j.covered(whole)
     current = facts.fact(MARGIN_KEY).value
@@ -292,23 +328,20 @@ def margin_fit(judged: list[Judged]) -> dict:
                                                             "coverage": pooled / len(fit) if fit else None}},
         "outside_the_fit": {k: {**v, "coverage": v["covered"] / v["rows"]} for k, v in sorted(outside.items())},
         "current_fact": {"value": current, "covered": sum(j.covered(current) for j in fit), "rows": len(fit)},
-        "rows": {j.row.id: round(j.ratio, 4) for j in fit},
+        "rows": {j.receipt.id: round(j.ratio, 4) for j in fit},
     }
 
 
 def loso_rows(judged: list[Judged], fit: dict) -> list[evidence.Row]:
-    """Each HF-code row's held-back prediction (its metric plus its fold's margin times its activations). The fold's
+    """Each HF-code run's held-back prediction (its figure plus its fold's margin times its activations). The fold's
     margin replaces the fact's value, so the fact counts no more toward in-sample; every other fact the prediction
     read still does."""
     out = []
     for j in (j for j in judged if j.fit):
-        key = facts.source_key(j.row.source)
-        margin = fit["leave_one_source_out"]["folds"][key]["margin"]
-        used = tuple(k for k in j.row.facts_used if k != MARGIN_KEY)
-        out.append(dataclasses.replace(
-            j.row, predicted=j.row.predicted + margin * j.activations, facts_used=used,
-            in_sample_by=tuple(facts.in_sample_by(used, j.row.data_file, j.row.id, j.row.source)),
-            note=f"margin {margin:.2f}, fitted on the rows of the other sources than {key}"))
+        margin = fit["leave_one_source_out"]["folds"][j.source_key]["margin"]
+        used = tuple(k for k in j.receipt.predicted.facts if k != MARGIN_KEY)
+        out.append(j.row(j.predicted + margin * j.activations, used,
+                         f"margin {margin:.2f}, fitted on the rows of the other sources than {j.source_key}"))
     return out
 
 
@@ -427,20 +460,18 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     judged, skipped = published_rows()
     judged += torchtitan_rows()
-    rows = [j.row for j in judged]
-    path = evidence.write_results(
-        NAME, rows, kind="memory", metric=METRIC_TEXT + "; by program: " + _by_program(rows), stack=_stack(),
-        command=command, out=args.out / f"{NAME}.json",
+    path = runs.write(runs.Benchmark(
+        name=NAME, metric=METRIC_TEXT + "; by program: " + _by_program(judged), stack=_stack(), command=command,
+        receipts=tuple(j.receipt for j in judged),
         cannot_show="a run of the HF Trainer (no row here ran one: the docs' tables are HF model code in their own "
                     "loop, the rest other stacks' code); how far these rows stand for other models: the HF-code rows "
                     "are three small models from one script's tables, which are also the rows the tracer's "
                     "mechanisms were developed against; image models, adapters (peft_memory) and other stacks' "
-                    "multi-GPU sharding (skipped). Every HF-code row is in-sample through the activation margin, "
-                    "which every GPU estimate reads although none of these metrics holds it")
+                    "multi-GPU sharding (skipped). Every HF-code row is development evidence: the activation margin "
+                    "was fitted to them, although none of these metrics holds it"))
     fit = margin_fit(judged)
-    record = json.loads(path.read_text())
-    record.update(activation_margin=fit, skipped=skipped)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    (args.out / f"{NAME}-margin.json").write_text(json.dumps({"activation_margin": fit, "skipped": skipped,
+                                                              "command": command}, indent=1, sort_keys=True) + "\n")
     evidence.write_results(f"{NAME}-margin-loso", loso_rows(judged, fit), kind="other", metric=_margin_text(fit),
                            stack="published_memory's predictions (estimate_memory on plan's path, installed stack) "
                                  "and measurements", command=command, out=args.out / f"{NAME}-margin-loso.json",
@@ -462,11 +493,7 @@ def main() -> int:
                         "script's tables, whose gaps motivated the tracer's mechanisms (a development set)"
                         + (f"; not traced: {'; '.join(map(_short, failed))}" if failed else ""))
         _print_summary("reconstructed (measured program and release; diagnostic)", rebuilt)
-    _print_summary("headline: installed stack, plan's path (all rows)", rows)
-    for program in ("hf-loop", "optimised"):
-        _print_summary(f"  program {program}", [r for r in rows if r.group["program"] == program])
-    only_margin = [r for r in rows if r.in_sample_by == (MARGIN_KEY,)]
-    print(f"in-sample only through {MARGIN_KEY} (a fact no compared metric holds): {len(only_margin)} rows")
+    print(f"receipts: {len(judged)} runs -> {path.relative_to(ROOT)}; {_by_program(judged)}")
     loso = fit["leave_one_source_out"]
     for source, fold in loso["folds"].items():
         print(f"margin held out {source}: {fold['margin']:.2f} from {fold['fitted_on_rows']} rows, covers "
@@ -488,13 +515,14 @@ def _short(problem: str) -> str:
     return text + ")" * max(0, text.count("(") - text.count(")"))
 
 
-def _by_program(rows: list[evidence.Row]) -> str:
-    """The rows' figures by the program their runs trained with."""
+def _by_program(judged: list[Judged]) -> str:
+    """The runs' errors by the program they trained with."""
     parts = []
-    for program in sorted({r.group["program"] for r in rows}):
-        s = evidence.summary(r for r in rows if r.group["program"] == program)
-        parts.append(f"{program} {s['rows']} rows, median {s['median_abs']:.1%}, worst {s['worst_abs']:.1%}, bias "
-                     f"{s['bias']:+.1%}, under {s['under']:.0%}")
+    for program in sorted({j.receipt.plan.program for j in judged}):
+        errors = sorted(j.predicted / j.measured - 1 for j in judged if j.receipt.plan.program == program)
+        parts.append(f"{program} {len(errors)} runs, median {statistics.median(map(abs, errors)):.1%}, worst "
+                     f"{max(map(abs, errors)):.1%}, bias {statistics.median(errors):+.1%}, under "
+                     f"{sum(e < 0 for e in errors) / len(errors):.0%}")
     return "; ".join(parts)
 
 

@@ -1,13 +1,14 @@
-"""Published training runs of HF model code against the plan pinned to each: step time and peak memory.
+"""Published training runs of HF model code against the plan pinned to each: step time and peak memory, as receipts.
 
 Rows come from benchmarks/data/published_runs.json (sources and caveats in published_runs_SOURCES.md): runs whose
 every setting a plan pins (model, GPUs, precision, optimizer, micro-batch, accumulation, sequence, checkpointing,
-attention, engine, Liger). Each is planned with `planner.plan` pinned to it, offline, and the plan's step time or
-peak reserved memory (without the plan's margin) is compared with the published value. A published tokens/s per
-GPU is compared as the step time it implies at the row's batch and sequence. A run the plan says cannot fit is
+attention, engine, Liger). Each is a receipt (benchmarks/runs.py): the run planned with `planner.plan` pinned to it,
+offline, and the plan's own prediction beside the published figure (a tokens/s per GPU as the step time it implies at
+the row's batch and sequence; a memory figure as the metric the source names). A run the plan says cannot fit is
 still judged on the estimate of that very configuration.
 
-Scored in the commit that added the rows, so they are first-look (benchmarks/evidence.py keeps that first score).
+Scored in the commit that added the rows, so they are first-look (benchmarks/provenance.py computes it; the receipts
+keep that first prediction).
 
 Run:  HF_HUB_OFFLINE=1 python benchmarks/published_runs.py
 """
@@ -23,12 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import evidence  # noqa: E402
+from benchmarks import runs  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 
-DATA_FILE = "published_runs.json"
-DATA = ROOT / "benchmarks" / "data" / DATA_FILE
+DATA_FILE = "benchmarks/data/published_runs.json"
+DATA = ROOT / DATA_FILE
+NAME = "published_runs"
 COMMAND = "HF_HUB_OFFLINE=1 python benchmarks/published_runs.py"
+METRIC = ("per run, as its source publishes it: seconds per optimizer step (or the step a tokens/s per GPU implies at "
+          "the row's batch and sequence), or max_memory_reserved (GiB as ms-swift logs it)")
 STACK = ("`planner.plan` pinned to each published configuration, offline, installed stack; measured: the sources' "
          "own runs (HF Trainer via ms-swift and torchacc's run_clm.py; cuDNN frontend's own loop on HF Llama)")
 CANNOT_SHOW = ("packing as the sources ran it (packed rows whose samples attend apart are planned as full rows), "
@@ -37,65 +41,49 @@ CANNOT_SHOW = ("packing as the sources ran it (packed rows whose samples attend 
 GiB = 2**30
 
 
-def pinned(row: dict):
-    """The plan's candidate for the row's configuration (the rejected one where it is predicted not to fit)."""
+def request_of(row: dict) -> dict:
+    """`planner.plan`'s keywords pinning the row's configuration."""
     fields = dict(gpu=row["gpu"], gpus_per_node=row["gpus"] // row["nodes"], nodes=row["nodes"],
                   seq_len=row["seq_len"], micro_batch=row["micro_batch"], precision=row["precision"],
                   optimizer=row["optimizer"], checkpointing=row["checkpointing"], zero_stage=row["zero_stage"],
-                  attention=row["attention"], offload=False, compile="off", liger="on" if row["liger"] else "off",
-                  detect=False)
+                  attention=row["attention"], offload="none", compile="off", liger="on" if row["liger"] else "off",
+                  tensor_parallel="off", context_parallel="off", sequence_parallel="off")
     if row["zero_stage"]:
         fields["engine"] = row["engine"]
-    batch = row["micro_batch"] * row["grad_accum"] * row["gpus"]
-    return evidence.pinned_choice(row["model"], batch, **fields)
+    if row["adapter"] != "none":
+        fields["peft"] = row["adapter"]
+    return {"model": row["model"], "global_batch": row["micro_batch"] * row["grad_accum"] * row["gpus"], **fields}
 
 
-def measured(row: dict) -> float:
-    """The published value in the unit the prediction is in: seconds per step, or bytes."""
+def measured(row: dict) -> dict:
+    """The published value as the receipt's figure: a step time, or the memory metric the source names."""
     if row["metric"] == "tokens_per_s_per_gpu":
-        return row["micro_batch"] * row["grad_accum"] * row["seq_len"] / row["value"]
+        return {"step_time_s": row["micro_batch"] * row["grad_accum"] * row["seq_len"] / row["value"],
+                "tokens_per_s": row["value"] * row["gpus"]}
     if row["metric"] == "peak_reserved_gib":
-        return row["value"] * GiB
-    return float(row["value"])
+        return {"peak_reserved": row["value"] * GiB}
+    return {"step_time_s": float(row["value"])}
 
 
-def judged(row: dict) -> tuple[str, evidence.Row]:
-    memory = row["metric"].startswith("peak")
-    choice = pinned(row)  # once outside the recording: the prediction below reuses its caches
-    group = evidence.run_group(row["program"], row["gpu"], choice.config, gpus_per_node=row["gpus"] // row["nodes"],
-                               adapter=row["adapter"])
-    note = "; ".join(filter(None, (row["caveat"], choice.reason if not choice.fits else "")))
-
-    def predict():
-        cand = pinned(row)
-        return cand.memory.peak_reserved if memory else cand.throughput.step_time_s
-
-    return ("memory" if memory else "throughput"), evidence.predicted_row(
-        id=row["id"], data_file=DATA_FILE, source=row["source"], measured=measured(row), predict=predict,
-        group=group, note=note)
+def receipt(row: dict):
+    return runs.receipt_of(id=row["id"], source=row["source"], data_file=DATA_FILE, request=request_of(row),
+                           measured=measured(row), device=runs.published_device(row["gpu"], row["gpus"]),
+                           program=row["program"], note=row["caveat"])
 
 
 def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    rows: dict[str, list[evidence.Row]] = {"memory": [], "throughput": []}
-    skipped = []
+    receipts, skipped = [], []
     for row in json.loads(DATA.read_text())["rows"]:
         try:
-            kind, judged_row = judged(row)
+            receipts.append(receipt(row))
         except InputError as err:
             skipped.append(f"{row['id']}: {err}")
             continue
-        rows[kind].append(judged_row)
-        print(f"{row['id']:55s} {kind}", flush=True)
-    metrics = {"memory": "peak memory: the sources' max_memory_reserved (GiB as ms-swift logs it) against the plan's "
-                         "peak_reserved, which holds no margin",
-               "throughput": "seconds per optimizer step, published or implied by tokens/s per GPU at the row's "
-                             "batch and sequence, against the plan's step time"}
-    for kind, judged_rows in rows.items():
-        path = evidence.write_results(f"published_runs-{kind}", judged_rows, kind=kind, metric=metrics[kind],
-                                      stack=STACK, cannot_show=CANNOT_SHOW + (
-                                          f"; skipped: {'; '.join(skipped)}" if skipped else ""), command=COMMAND)
-        print(f"wrote {path.relative_to(ROOT)}")
+        print(f"{row['id']:55s} {row['metric']}", flush=True)
+    path = runs.write(runs.Benchmark(name=NAME, metric=METRIC, stack=STACK, command=COMMAND, receipts=tuple(receipts),
+                                     cannot_show=CANNOT_SHOW + (f"; skipped: {'; '.join(skipped)}" if skipped else "")))
+    print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

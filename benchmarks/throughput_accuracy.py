@@ -71,7 +71,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the repository's packages import without an install
     sys.path.insert(0, str(REPO))
 
-from benchmarks import evidence  # noqa: E402
+from benchmarks import evidence, runs  # noqa: E402
 from planner import facts  # noqa: E402
 from planner.config import Config  # noqa: E402
 from planner.hardware import lookup_gpu  # noqa: E402
@@ -426,6 +426,40 @@ TRITON_FLASH = "attn_impl=triton"
 #: Notes saying a sequence length's data was binned to shorter lengths (NVIDIA DLE BERT's phase 2: "Phase-2 (seq 512)
 #: data uses LDDL binning", "Seq512 uses LDDL binning"): the published rate is not at the stated length.
 BINNED = re.compile(r"seq\s*(\d+)\)?\s+(?:data\s+)?uses\s+LDDL\s+binning", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------------------ receipts
+
+def receipt_of(case: Case, row: evidence.Row):
+    """A planned HF row as a receipt (benchmarks/runs.py): the published run's configuration and program, the speed
+    model's step (`predict_step`, the plan's speed model with the run's own objective and optimizer kernel) beside
+    the published one."""
+    from planner.receipts import Figures, Hardware, Prediction, Receipt, RunPlan, planner_tree, planner_version
+
+    world = case.cfg.world_size
+    plan = RunPlan(model=case.model_name, seq_len=case.seq_len, choice=case.cfg, program=case.group["program"],
+                   hardware=Hardware(gpu=case.gpu, gpus_per_node=case.per_node, nodes=max(1, world // case.per_node)),
+                   optimizer=case.optimizer, attention=case.attention)
+    step = Figures(step_time_s=row.predicted)
+    return Receipt(id=case.id, source=case.source, data_file=f"benchmarks/data/{case.data_file}", plan=plan,
+                   device=runs.published_device(case.gpu, world), predictor="throughput_accuracy",
+                   predicted=Prediction(model=step, printed=step, tree=planner_tree(), version=planner_version(),
+                                        facts=row.facts_used),
+                   measured=Figures(step_time_s=row.measured), note="; ".join(case.notes))
+
+
+def predict_again(receipt):
+    """Today's prediction of a receipt this benchmark wrote: its data row interpreted and timed afresh."""
+    from planner.receipts import Figures, Prediction, planner_tree, planner_version
+
+    data_set = next(name for name, file in DATA_FILES.items() if receipt.data_file.endswith(file))
+    data = json.loads((DATA / DATA_FILES[data_set]).read_text())
+    entry = next(r for r in (data["rows"] if "rows" in data else data["cases"]) if r["id"] == receipt.id)
+    case = interpret(entry, data_set, {})
+    with facts.recording() as used:
+        step = Figures(step_time_s=predict_step(case, {}))
+    return Prediction(model=step, printed=step, tree=planner_tree(), version=planner_version(),
+                      facts=tuple(sorted(used)))
 
 
 # ------------------------------------------------------------------------------------------------ folds
@@ -958,12 +992,22 @@ def main() -> None:
             for why in sorted({c.apart for c in apart}):
                 lines += report(f"Apart: {why}", [c for c in apart if c.apart == why], rows, loso, folds, args.worst)
             trainer = sum(c.program == TRAINER for c in planned)
+            runs.write(runs.Benchmark(
+                name="throughput_accuracy", command=COMMAND,
+                metric="step time (s) of HF model code as each source ran it: published tokens/s/GPU and samples/s "
+                       "converted at the row's batch and sequence; forward+backward only where the source timed no "
+                       "optimizer step (program hf-forward-backward)",
+                stack="trainplan's speed model (planner/speed/) on the traced op profile, efficiency.json's per-GPU "
+                      "figures, each run's own objective and optimizer kernel",
+                cannot_show=f"{trainer} of {len(planned)} runs ran the HF Trainer (the rest ran HF model code in a "
+                            "loop of their own), so the Trainer's own per-step work is not judged here",
+                receipts=tuple(receipt_of(c, rows[c.id]) for c in planned)))
             results_of(
-                "throughput_accuracy", "throughput",
-                "step time (s) of HF model code as each source ran it: published tokens/s/GPU and samples/s "
-                "converted at the row's batch and sequence; forward+backward only where the source timed no "
-                "optimizer step", "trainplan's speed model (planner/speed/) on the traced op profile, "
-                "efficiency.json's per-GPU figures",
+                "throughput_accuracy", "other",
+                "the runs of receipts/throughput_accuracy.json as rows, with each predicted again without the "
+                "facts fitted to its source (leave_one_source_out): step time (s) of HF model code as each source "
+                "ran it", "trainplan's speed model (planner/speed/) on the traced op profile, efficiency.json's "
+                "per-GPU figures",
                 f"{trainer} of {len(planned)} rows ran the HF Trainer (the rest ran HF model code in a loop of their "
                 "own), so the Trainer's own per-step work is not judged here. " + loso_text(planned, rows, loso)
                 + f" {contrast['text']}. torch.compile's residual comes from one source's one pair; compiled rows "

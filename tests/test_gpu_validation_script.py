@@ -1,7 +1,7 @@
-"""benchmarks/gpu_validation.py, the planner's check on a lent GPU, kept runnable without one: its dry
-run writes one JSON line per configuration and evidence files in the shape benchmarks/report.py reads; a measured
-configuration's evidence rows carry the facts they used and name the results file as trainplan's results are keyed;
-the edge search and the time budget. With CUDA, one real configuration."""
+"""benchmarks/gpu_validation.py, the planner's check on a lent GPU, kept runnable without one: its dry run writes one
+JSON line per configuration with the plan's own prediction (Liger and all); a measured configuration becomes a receipt
+scored on that prediction and naming the planner that made it; nothing is started that the time left could cut; the
+run of 2026-11-27 is rescored on the predictions it recorded. With CUDA, one real configuration."""
 
 from __future__ import annotations
 
@@ -13,16 +13,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import evidence
 from benchmarks import gpu_validation as gv
+from benchmarks import runs
 from planner import facts
 from planner.dataset import load_lengths
+from planner.receipts import Device, Figures, Receipt, planner_tree, prediction, run_plan
 from planner.types import Measurement
 from probes.runner import probe_files
 
 SCRIPT = Path(gv.__file__)
+ROOT = SCRIPT.parents[1]
 GPU = "H100-80GB"
-HOOKS = ("hook-liger", "hook-packed")
+RECORD = ROOT / "benchmarks" / "results" / "gpu_validation-H200-141GB-2026-11-27.json"
 
 
 def run_script(out: Path, *args: str, timeout: float) -> str:
@@ -32,67 +34,89 @@ def run_script(out: Path, *args: str, timeout: float) -> str:
     return done.stdout
 
 
-def written(out: Path) -> tuple[list[dict], dict, dict]:
-    """The JSON lines, the whole record and the evidence files (by kind) a run wrote to `out`."""
+def written(out: Path) -> tuple[list[dict], dict]:
+    """The JSON lines and the whole record a run wrote to `out`."""
     (lines,) = out.glob("gpu_validation-*.jsonl")
-    whole = json.loads(lines.with_suffix(".json").read_text())
-    found = {kind: json.loads(next(out.glob(f"gpu_validation-{kind}-*.json")).read_text())
-             for kind in ("memory", "throughput")}
-    return [json.loads(line) for line in lines.read_text().splitlines()], whole, found
+    return [json.loads(line) for line in lines.read_text().splitlines()], json.loads(lines.with_suffix(".json")
+                                                                                     .read_text())
+
+
+def test_the_mechanisms_changed_last_come_first_and_liger_is_pinned_either_way():
+    assert gv.ITEMS[0].liger and gv.ITEMS[1].liger  # Liger's kernels measured first
+    assert all(gv.request_of(case, GPU)["liger"] == ("on" if case.liger else "off") for case in gv.ITEMS)
+    assert len({case.id for case in gv.ITEMS}) == len(gv.ITEMS)
 
 
 @pytest.mark.long
-def test_dry_run_writes_a_line_per_configuration_and_evidence_files(tmp_path):
-    stdout = run_script(tmp_path, "--dry-run", "--only", ",".join(("gpt2-bf16", "bert-seqcls-bf16", *HOOKS)),
-                        timeout=120)
-    lines, whole, found = written(tmp_path)
+def test_dry_run_writes_a_line_per_configuration_with_the_plans_own_prediction(tmp_path):
+    stdout = run_script(tmp_path, "--dry-run", "--only", "gpt2-bf16,bert-seqcls-bf16,qwen-bf16-liger,hook-packed",
+                        timeout=180)
+    lines, whole = written(tmp_path)
     head, configs = lines[0], {line["id"]: line for line in lines[1:]}
-    assert head["record"] == "run" and head["dry_run"] and head["gpu"] == GPU and head["torch"]
-    assert set(configs) == {"gpt2-bf16", "bert-seqcls-bf16", *HOOKS}
-    for name in ("gpt2-bf16", "bert-seqcls-bf16"):
-        line = configs[name]
-        assert line["record"] == "config" and line["status"] == "dry-run" and "measured" not in line
-        predicted = line["predicted"]
-        assert predicted["peak_allocated"] <= predicted["peak_reserved"] <= predicted["peak_process"]
-        assert predicted["step_time_s"] > 0 and predicted["fits"] and predicted["memory_from"] == "estimate_memory"
-        assert predicted["peak_allocated"] == predicted["plan_peak_allocated"]  # estimate_memory agrees with the plan
-        assert line["facts_used"] and set(line["facts_used"]) <= set(facts.all_facts())
-    assert configs["bert-seqcls-bf16"]["config"]["task"] == "seq-cls"
-    for name in HOOKS:  # skipped, with the reason, until the planner has the field (then planned like the rest)
-        assert configs[name]["status"] != "skipped" or configs[name]["reason"]
-    packed = configs["hook-packed"]  # planned for its generated data, offline, without the model's tokenizer
-    assert packed["status"] == "dry-run" and packed["predicted"]["memory_from"] == "plan", packed["reason"]
-    assert packed["predicted"]["padding"] == "packing" and packed["predicted"]["seq_len"] == 1024
-    assert packed["predicted"]["dataset"]["samples"] == gv.DATA_ROWS
+    assert head["record"] == "run" and head["dry_run"] and head["gpu"] == GPU and head["torch"] and head["host"]
+    assert head["planner_tree"] == planner_tree() and head["versions"]["transformers"]
+    for name, line in configs.items():
+        assert line["status"] == "dry-run" and "measured" not in line, (name, line["reason"])
+        model = line["predicted"]["model"]
+        assert model["peak_allocated"] <= model["peak_reserved"] <= model["peak_process"] and model["step_time_s"] > 0
+        assert line["predicted"]["tree"] == planner_tree() and set(line["predicted"]["facts"]) <= set(facts.all_facts())
+    assert "Liger" in configs["qwen-bf16-liger"]["planned"]  # predicted as it runs: with Liger's kernels
+    assert "Liger" not in configs["gpt2-bf16"]["planned"]
     assert [c["id"] for c in whole["configs"]] == [line["id"] for line in lines[1:]]
-    for kind, result in found.items():
-        assert result["format"] == evidence.FORMAT and result["kind"] == kind and result["rows"] == []
-        assert set(result["summary"]) == {"all", "first_look", "development", "fitted"} and result["command"]
-    assert found["memory"]["metric"] == gv.MEMORY_METRIC
+    assert not (tmp_path / "receipts").exists()  # a dry run measures nothing
     assert "gpu_validation on H100-80GB" in stdout
 
 
-def test_a_measured_configuration_gives_evidence_rows_keyed_as_trainplan_results(tmp_path):
-    case = next(c for c in gv.ITEMS if c.id == "gpt2-bf16")
-    measured = Measurement(status="ok", peak_allocated=8 * 2**30, peak_reserved=9 * 2**30,
-                           process_memory=10 * 2**30, step_time_s=0.09, micro_step_s=0.04, optimizer_step_s=0.01)
+def _prepared(case_id: str) -> gv.Prepared:
+    case = next(c for c in gv.ITEMS if c.id == case_id)
+    draft, predicted = gv.predict(case, GPU)
+    return gv.Prepared(case, predicted, draft, {})
+
+
+def test_a_measured_configuration_is_a_receipt_scored_on_the_plans_own_prediction(tmp_path):
+    job = _prepared("gpt2-bf16")
+    data = json.loads(probe_files(job.draft, job.draft.choice.config)["plan.json"])
+    run_receipt = Receipt(id="run-1", plan=run_plan(data), predicted=prediction(data),
+                          device=Device(kind="cuda", name="NVIDIA H100 80GB HBM3", gpu=GPU, count=1, host="x"),
+                          measured=Figures(peak_allocated=8 * 2**30, peak_reserved=9 * 2**30,
+                                           peak_process=10 * 2**30, step_time_s=0.09)).to_json()
+    measured = Measurement(status="ok", peak_allocated=8 * 2**30, peak_reserved=9 * 2**30, process_memory=10 * 2**30,
+                           step_time_s=0.09, micro_step_s=0.04, optimizer_step_s=0.01, seconds=3.0)
     results = gv.Results(tmp_path, {"gpu": GPU, "nvml_name": "test", "date": "2026-01-02", "dry_run": False,
-                                    "overlap": True, "torch": "t", "transformers": "t", "command": "c"})
-    memory, speed = gv.evidence_rows(case, GPU, measured, results.source, "mixed")
-    assert [r.id for r in memory] == [f"gpt2-bf16/{m}" for m in ("peak_allocated", "peak_reserved", "peak_process")]
-    assert [r.id for r in speed] == ["gpt2-bf16/step_time_s"] and speed[0].measured == 0.09
-    for row in memory + speed:
-        assert row.group == {"program": "trainer", "gpu": "H100", "scale": "1-gpu", "engine": "single", "adapter": "none",
-                             "liger": "no-liger", "compiled": "not-compiled", "precision": "mixed"}
-        assert row.data_file == ""
-        assert row.facts_used and row.predicted > 0
-        assert facts.source_key(row.source) == "trainplan:gpu_validation-H100-80GB"
-    results.add(gv.record(case, "ok"), memory, speed)
-    lines, whole, found = written(tmp_path)
-    assert [line["id"] for line in lines[1:]] == ["gpt2-bf16"]
-    assert len(found["memory"]["rows"]) == 3 and len(found["throughput"]["rows"]) == 1
-    assert found["memory"]["rows"][0]["source_key"] == "trainplan:gpu_validation-H100-80GB"
-    assert whole["summary"]["memory"]["rows"] == 3
+                                    "torch": "t", "transformers": "t", "command": "c"})
+    line = gv.finish(job, (measured, 5.0, run_receipt, {"ops": []}), results)
+    (receipt,) = runs.load_file(tmp_path / "receipts" / "gpu_validation-H100-80GB-2026-01-02.json")
+    assert receipt.id == "gpt2-bf16" and receipt.predicted == job.prediction  # the plan's, with the facts it read
+    assert receipt.predicted.facts and receipt.predicted.tree == planner_tree()
+    assert receipt.device.host == "x" and receipt.plan.choice == job.draft.choice.config
+    assert facts.source_key(receipt.source) == "trainplan:gpu_validation-H100-80GB"
+    assert line["errors"]["step_time_s"] == pytest.approx(job.prediction.model.step_time_s / 0.09 - 1)
+    assert json.loads(results.profiles_path.read_text()) == {"gpt2-bf16": {"ops": []}}
+
+
+def test_nothing_starts_that_the_time_left_could_cut(tmp_path):
+    results = gv.Results(tmp_path, {"gpu": GPU, "nvml_name": "test", "date": "2026-01-02", "dry_run": True,
+                                    "torch": "t", "transformers": "t", "command": "c"})
+    plain = [c for c in gv.ITEMS if not c.needs][:3]
+    gv.run_all(plain, GPU, results, dry_run=True, deadline=0.0)
+    assert [(r["status"], "not started" in r["reason"]) for r in results.records] == [("skipped", True)] * 3
+
+
+def test_the_run_of_2026_11_27_is_scored_on_the_predictions_its_plans_recorded():
+    """Its Liger runs were predicted by plans with Liger: their recorded plan_peak_allocated is the figure, not
+    estimate_memory's (which had no Liger); their configuration says Liger."""
+    bench = gv.recorded_receipts(RECORD, "fe75e076c1fc31b77d3fd3ff355f1a9d7c84d509")
+    record = {c["id"]: c for c in json.loads(RECORD.read_text())["configs"]}
+    by_id = {r.id: r for r in bench.receipts}
+    assert set(by_id) == {i for i, c in record.items() if c["status"] == "ok"}
+    edge = by_id["edge-llama-mb34"]
+    assert edge.plan.choice.liger and edge.memory_figure() == "peak_allocated"
+    assert edge.predicted.model.peak_allocated == record["edge-llama-mb34"]["predicted"]["plan_peak_allocated"]
+    assert 1 / edge.ratio("peak_allocated") - 1 == pytest.approx(-0.173, abs=0.001)  # under-predicted, as it ran
+    plain = by_id["gpt2-bf16"]
+    assert not plain.plan.choice.liger and plain.memory_figure() == "peak_process"
+    committed = runs.load_file(ROOT / "benchmarks" / "results" / "receipts" / "gpu_validation-H200-141GB-2026-11-27.json")
+    assert sorted(bench.receipts, key=lambda r: r.id) == committed  # what the report reads is what this gives
 
 
 def test_the_packed_hook_data_is_seeded_skewed_and_pretokenised():
@@ -142,20 +166,13 @@ def test_edge_search_finds_the_largest_micro_batch_predicted_to_fit(monkeypatch)
                     "next_predicted_peak": 14}
 
 
-def test_nothing_starts_once_the_time_budget_is_spent(tmp_path):
-    results = gv.Results(tmp_path, {"gpu": GPU, "nvml_name": "test", "date": "2026-01-02", "dry_run": True,
-                                    "overlap": False, "torch": "t", "transformers": "t", "command": "c"})
-    plain = [c for c in gv.ITEMS if not (c.needs or c.extra)][:3]
-    gv.run_all(plain, GPU, results, runner=None, deadline=0.0)
-    assert [(r["status"], "budget" in r["reason"]) for r in results.records] == [("skipped", True)] * 3
-
-
 @pytest.mark.gpu
 def test_one_real_configuration_is_measured_against_its_prediction(tmp_path):
     run_script(tmp_path, "--only", "gpt2-bf16", timeout=600)
-    lines, _, found = written(tmp_path)
+    lines, _ = written(tmp_path)
     (line,) = lines[1:]
     assert line["status"] == "ok", line.get("reason")
     assert line["measured"]["peak_allocated"] > 0 and line["measured"]["step_time_s"] > 0
     assert {"peak_allocated", "peak_reserved", "step_time_s"} <= set(line["errors"])
-    assert len(found["memory"]["rows"]) >= 2 and len(found["throughput"]["rows"]) == 1
+    (receipt,) = runs.load_file(next((tmp_path / "receipts").glob("*.json")))
+    assert receipt.device.kind == "cuda" and receipt.device.gpu and receipt.measured.peak_reserved

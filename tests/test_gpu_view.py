@@ -15,7 +15,7 @@ from planner.program.kernels import attention_kernel
 from planner.program.step import make_batch, micro_step
 from planner.program.tracker import LiveStorageTracker
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "published_memory.json"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "published_memory-margin.json"
 
 
 @pytest.mark.parametrize("implementation,device,cc,half,head_dim,dropout,kernel", [
@@ -102,7 +102,7 @@ def test_the_margin_is_fitted_to_the_published_rows_and_says_so():
     leave-one-source-out judgement of it)."""
     margin = facts.fact("memory.activation_margin")
     assert margin.fitted_to == ("published_memory.json#*",) and margin.unit == "fraction"
-    assert "benchmarks/results/published_memory.json" in margin.source and RESULTS.exists()
+    assert "benchmarks/results/published_memory-margin.json" in margin.source and RESULTS.exists()
     assert "leave-one-source-out" in margin.source
     assert facts.in_sample_by(["memory.activation_margin"], "published_memory.json", "any-row", "elsewhere") == [
         "memory.activation_margin"]

@@ -190,4 +190,4 @@ def test_cuda_context_is_the_measured_bare_context_of_the_architecture_plus_a_st
     assert bare.fitted_to == () and bare.measured_on and bare.value["9.0"] == h100_bare
     modules = facts.fact("cuda.step_modules_bytes")
     assert modules.fitted_to and "H100" in modules.measured_on  # its value: tests/test_facts.py, the fitted facts
-    assert "benchmarks/results/gpu_measured-H100-80GB.json" in modules.source
+    assert "benchmarks/results/receipts/gpu_measured-H100-80GB.json" in modules.source

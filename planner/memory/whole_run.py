@@ -296,7 +296,7 @@ def whole_run_view(first: Template, accumulating: Template | None, layers: int, 
     32 MiB workspace splits a cached block of a large segment and stays there, and whether the step's largest
     tensors then fit the segments left can turn on it. The lent H100's steps show both outcomes: BERT-large's follow
     the workspaces placed at their first matmuls, BLOOM-560m's selective-checkpointing ones follow the workspaces
-    kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/gpu_measured-H100-80GB.json);
+    kept out of the step's segments, 8.2 GB apart on one of them (benchmarks/results/receipts/gpu_measured-H100-80GB.json);
     what the real run does first is not in the trace. Which replay the estimate takes is a choice fitted to those steps
     (`allocator.workspace_placement`: the larger, the one that reserves more above the requested bytes)."""
     placement = facts.get("allocator.workspace_placement")

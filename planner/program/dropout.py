@@ -7,7 +7,7 @@ calls the fused `native_dropout`, whose backward keeps a bool mask (one byte an 
 element in fp32, two in 16 bits). `dropout_`, the in-place one, is never fused. A CPU trace takes the unfused path,
 so a step traced for a GPU swaps it for `native_dropout` where CUDA would.
 
-Measured on an H100 (benchmarks/results/gpu_measured-H100-80GB.json, before this rule): the steps of models with
+Measured on an H100 (benchmarks/results/receipts/gpu_measured-H100-80GB.json, before this rule): the steps of models with
 dropout were over-predicted by the unfused masks (BERT-large fp32 micro-batch 32 by 6.3%, GPT-2 fp32 micro-batch 16
 by 3.0%), those of models without (BLOOM-560m, Llama-3.2-1B) were not.
 """

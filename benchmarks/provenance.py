@@ -1,0 +1,131 @@
+"""Evidence labels, computed from git alone: a receipt is **first-look** when the commit that predicted it precedes
+the commit that added its measurement, and no fact's `fitted_to` names it; every other receipt is **development**.
+
+The commit that predicted a receipt is the earliest commit whose planner/ folder is the tree its prediction records
+(planner/receipts/source.py: the git tree hash of the planner that ran, which a machine without git computes alike);
+a prediction made with uncommitted changes names no commit and is development. The commit that added its measurement
+is the first commit in which the file it was first written to (`Receipt.data_file`: a benchmarks/data table, a
+results file; else its receipts file) holds its id. A receipt not committed yet counts as added by the next commit.
+Without git (a copy of the repository) nothing is first-look.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from planner import facts
+from planner.receipts import Receipt
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_LOOK, DEVELOPMENT = "first-look", "development"
+PENDING = "not committed yet"
+
+
+def git(*args: str, stdin: str | None = None, root: Path = ROOT) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60, check=False,
+                              input=stdin)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class Label:
+    """A receipt's evidence label and why: the commit that predicted it, the commit that added its measurement
+    (PENDING: not committed yet) and the facts fitted to it."""
+
+    evidence: str
+    predicted_at: str | None
+    measured_at: str | None
+    fitted_by: tuple[str, ...] = ()
+
+    @property
+    def first_look(self) -> bool:
+        return self.evidence == FIRST_LOOK
+
+
+class History:
+    """What git knows of the repository at `root`, read once: each commit's planner tree, and when each file first
+    held each id."""
+
+    def __init__(self, root: Path = ROOT):
+        self.root = root
+        self._added: dict[str, list[tuple[str, str]]] = {}
+
+    def git(self, *args: str, stdin: str | None = None) -> str | None:
+        return git(*args, stdin=stdin, root=self.root)
+
+    @cached_property
+    def commits(self) -> list[str]:
+        """Every commit of HEAD's history, oldest first (empty without git)."""
+        return (self.git("rev-list", "--reverse", "HEAD") or "").split()
+
+    @cached_property
+    def trees(self) -> dict[str, str]:
+        """Planner tree -> the earliest commit whose planner/ is it."""
+        found = self.git("cat-file", "--batch-check", stdin="".join(f"{c}:planner\n" for c in self.commits)) or ""
+        earliest: dict[str, str] = {}
+        for commit, line in zip(self.commits, found.splitlines()):
+            tree = line.split()[0]
+            if line.endswith("missing"):
+                continue
+            earliest.setdefault(tree, commit)
+        return earliest
+
+    @cached_property
+    def order(self) -> dict[str, int]:
+        return {commit: i for i, commit in enumerate(self.commits)}
+
+    def file_versions(self, path: str) -> list[tuple[str, str]]:
+        """(commit, the file's text) for every commit that changed `path`, oldest first."""
+        if path not in self._added:
+            commits = (self.git("log", "--reverse", "--format=%H", "--", path) or "").split()
+            self._added[path] = [(c, self.git("show", f"{c}:{path}") or "") for c in commits]
+        return self._added[path]
+
+    def first_holding(self, path: str, row_id: str) -> str | None:
+        """The first commit in which `path` held `row_id` (as a JSON string; a file of rows without ids: the commit
+        that added the file), None where no commit did."""
+        needle = json.dumps(row_id)
+        for commit, text in self.file_versions(path):
+            if needle in text or ('"id":' not in text and text):
+                return commit
+        return None
+
+    def precedes(self, earlier: str, later: str | None) -> bool:
+        """`earlier` is an ancestor of `later` and not `later` itself (None: the next commit, which HEAD's whole
+        history precedes)."""
+        if later is None:
+            return earlier in self.order
+        return earlier != later and self.git("merge-base", "--is-ancestor", earlier, later) is not None
+
+
+def fitted_by(receipt: Receipt) -> tuple[str, ...]:
+    """The facts whose `fitted_to` names the receipt: its row, every row of its data file, or its source."""
+    file_name = Path(receipt.data_file).name if receipt.data_file else ""
+    names = {facts.source_key(receipt.source)} | ({facts.row_name(file_name, "*"), facts.row_name(file_name,
+                                                                                                     receipt.id)}
+                                                  if file_name else set())
+    return tuple(sorted(key for key, fact in facts.all_facts().items() if names & set(fact.fitted_to)))
+
+
+def label(receipt: Receipt, receipts_file: str, history: History) -> Label:
+    """The receipt's label: first-look iff its predicting commit precedes the commit that added its measurement and
+    no fact was fitted to it. `receipts_file`: the repository path of the file that holds it."""
+    fitted = fitted_by(receipt)
+    predicted_at = history.trees.get(receipt.predicted.tree or "")
+    first_file = receipt.data_file or receipts_file
+    measured_at = history.first_holding(first_file, receipt.id)
+    if measured_at is None and receipt.data_file:  # its table is not committed yet: the receipts file decides
+        measured_at = history.first_holding(receipts_file, receipt.id)
+    first = bool(predicted_at) and not fitted and history.precedes(predicted_at, measured_at)
+    return Label(evidence=FIRST_LOOK if first else DEVELOPMENT, predicted_at=predicted_at,
+                 measured_at=measured_at or PENDING, fitted_by=fitted)
+
+
+__all__ = ["DEVELOPMENT", "FIRST_LOOK", "History", "Label", "PENDING", "fitted_by", "git", "label"]
