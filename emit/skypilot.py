@@ -34,8 +34,10 @@ SKYPILOT_GPU: dict[str, str | None] = {
 #: Where file_mounts puts trainplan's source and the --volume bucket on each node.
 SOURCE_MOUNT = "/trainplan/src"
 VOLUME_MOUNT = "/trainplan/volume"
-#: SkyPilot's workdir on each node (sky/skylet/constants.py SKY_REMOTE_WORKDIR): where `run` starts.
+#: SkyPilot's workdir on each node (sky/skylet/constants.py SKY_REMOTE_WORKDIR): where `run` starts; and the path it
+#: has for the dry run's example user.
 WORKDIR = "~/sky_workdir"
+EXAMPLE_WORKDIR = "/home/ubuntu/sky_workdir"
 #: Bucket URIs SkyPilot's storage mounts (sky/data/storage.py StoreType.store_prefix).
 BUCKET_SCHEMES = ("s3", "gs", "r2", "cos", "oci", "nebius")
 _BUCKET = re.compile(r"^(%s)://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[A-Za-z0-9._/-]*)?$" % "|".join(BUCKET_SCHEMES))
@@ -140,7 +142,7 @@ def example_nodes(plan, options) -> list[dict[str, str]]:
     ips = [f"10.0.0.{i + 1}" for i in range(hw.nodes)]
     return [{"SKYPILOT_NODE_IPS": "\n".join(ips), "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(hw.nodes),
              "SKYPILOT_NUM_GPUS_PER_NODE": str(hw.gpus_per_node), "MASTER_ADDR": ips[0],
-             "MASTER_PORT": str(options.main_process_port or RENDEZVOUS_PORT), RUN_VAR: WORKDIR}
+             "MASTER_PORT": str(options.main_process_port or RENDEZVOUS_PORT), RUN_VAR: EXAMPLE_WORKDIR}
             for rank in range(hw.nodes)]
 
 

@@ -714,7 +714,7 @@ def suggestion_text(s: Lever) -> str:
 
 def launch_preview(submit: list[str], nodes) -> str:
     """`plan --launch --dry-run` with a launcher: the command that submits the job, then what each node runs, after a
-    comment with the variables its launcher sets there (example values where the job has its own)."""
+    comment with the variables its command reads there (example values where the job has its own)."""
     lines = [shlex.join(submit)]
     for node in nodes:
         values = " ".join(f"{k}={shlex.quote(v)}".replace("\n", "\\n") for k, v in node.variables.items())

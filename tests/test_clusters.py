@@ -355,7 +355,7 @@ def test_dry_run_prints_the_submit_command_and_each_nodes_line(tmp_path):
     lines = sky.stdout.splitlines()[-5:]
     assert lines[0] == f"sky launch --cluster {name} --workdir {tmp_path / 's'} {tmp_path / 's' / 'sky.yaml'}"
     assert lines[1].startswith("# node 0 of 2: SKYPILOT_NODE_IPS='10.0.0.1\\n10.0.0.2' SKYPILOT_NODE_RANK=0")
-    assert "--main_process_ip 10.0.0.1" in lines[4] and lines[4].endswith("-m probes.train --plan '~/sky_workdir'")
+    assert "--main_process_ip 10.0.0.1" in lines[4] and lines[4].endswith("-m probes.train --plan /home/ubuntu/sky_workdir")
 
 
 @pytest.mark.parametrize("options, flag", [
