@@ -18,11 +18,10 @@ import gzip
 import math
 import re
 
-import yaml
-
 from emit.names import LAUNCH, PLAN_JSON, REPORT_HTML, TRAIN_SBATCH, TRAINJOB_YAML
 from emit.nodes import RUN_VAR, TRIAL, FromEnv, Rendezvous, Word, accelerate_words, launch_and_report, stage_plan
 from emit.slurm import job_name as slurm_job_name
+from emit.write import yaml_text
 from planner.errors import InputError
 from planner.hardware import lookup_gpu
 
@@ -57,19 +56,6 @@ GIB = 2**30
 RENDEZVOUS = Rendezvous(nodes=FromEnv("PET_NNODES"), rank=FromEnv("PET_NODE_RANK"),
                         address=FromEnv("PET_MASTER_ADDR"), port=FromEnv("PET_MASTER_PORT"))
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class _BlockDumper(yaml.SafeDumper):
-    """Multi-line strings (the node script, the files) as YAML literal blocks, readable as they run."""
-
-
-_BlockDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
-
-
-def yaml_text(document: dict) -> str:
-    """A document as YAML: sorted keys, literal blocks; yaml.safe_load reads back the same values."""
-    return yaml.dump(document, Dumper=_BlockDumper, sort_keys=True, default_flow_style=False, width=120)
 
 
 def job_name(plan) -> str:

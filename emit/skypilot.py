@@ -15,9 +15,10 @@ import re
 import shlex
 from pathlib import Path
 
-from emit.kubernetes import job_name, yaml_text
+from emit.kubernetes import job_name
 from emit.names import ACCELERATE_CONFIG
 from emit.nodes import RUN_VAR, TRIAL, FromEnv, Rendezvous, Word, accelerate_words, launch_and_report
+from emit.write import yaml_text
 from planner.errors import InputError
 from planner.vocab import PACKAGE, SCRIPT_EXTRAS
 

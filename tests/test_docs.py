@@ -153,7 +153,8 @@ for rank in range(nodes):
     if workdir:
         shutil.copytree(workdir, node, dirs_exist_ok=True)
     variables = {{"SKYPILOT_NODE_IPS": "\\n".join(f"10.0.0.{{i + 1}}" for i in range(nodes)),
-                 "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NUM_GPUS_PER_NODE": per_node}}
+                 "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(nodes),
+                 "SKYPILOT_NUM_GPUS_PER_NODE": per_node}}
     if subprocess.run(["bash", "-c", task["run"]], cwd=node, env={{**env, **variables}}).returncode:
         sys.exit(f"sky stand-in: node {{rank}} failed")
 print("sky stand-in: launched", task["name"], "on", nodes, "x", gpu, per_node)
