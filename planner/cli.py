@@ -40,7 +40,7 @@ from planner.models.presets import presets
 from planner.receipts import read_receipts
 from planner.render import comparison_table, launch_preview, render_no_fit, render_plan
 from planner.request import PlanRequest, flag_of, input_error, option
-from planner.vocab import LAUNCHER, NO_OFFLOAD, Launcher, choices_text
+from planner.vocab import LAUNCHER, NO_OFFLOAD, SLURM, Launcher, choices_text
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -275,6 +275,9 @@ def _emit_options(run: RunOptions, request: PlanRequest, script_args: list[str])
     flag = "--slurm" if run.slurm else "--launcher"
     if (run.slurm or run.launcher) and run.emit_dir is None and not run.launch:
         raise InputError("applies to --emit (or --launch)", flag=flag, hint="Add --emit DIR to write the job there.")
+    if (run.slurm or run.launcher == SLURM) and run.launch and run.emit_dir is None:
+        raise InputError("a Slurm job runs its folder from the cluster's shared file system", flag="--emit",
+                         hint="Add --emit DIR with DIR on that file system.")
     hosts = tuple(h.strip() for h in run.hostnames.split(",") if h.strip()) if run.hostnames else ()
     options = EmitOptions(main_process_ip=run.main_process_ip, main_process_port=run.main_process_port,
                           machine_rank=run.machine_rank, hostnames=hosts, force=run.force, slurm=run.slurm,

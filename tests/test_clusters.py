@@ -360,6 +360,20 @@ def test_dry_run_prints_the_submit_command_and_each_nodes_line(tmp_path):
     assert lines[4].endswith("-m probes.train --plan /home/ubuntu/sky_workdir")
 
 
+def test_slurm_launch_submits_the_batch_script_from_a_folder_given(tmp_path):
+    args = ["--model", "gpt2", "--batch", "16", "--gpu", "H100-80GB", "--gpus-per-node", "2", "--nodes", "2",
+            "--seq-len", "128", "--no-probe", "--json", "--launcher", "slurm", "--launch"]
+    runner = CliRunner()
+    no_folder = runner.invoke(app, [*args, "--", "train.py"])
+    assert no_folder.exit_code == 2 and json.loads(no_folder.stdout)["flag"] == "--emit"
+    done = runner.invoke(app, [*args, "--emit", str(tmp_path / "run"), "--dry-run", "--", "train.py", "--epochs", "1"])
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()[-5:]
+    assert lines[0] == f"sbatch {tmp_path / 'run' / 'train.sbatch'} train.py --epochs 1"
+    assert lines[3] == "# node 1 of 2: SLURM_NNODES=2 SLURM_NODEID=1 MASTER_ADDR=node-1 MASTER_PORT=24242"
+    assert "--machine_rank 1 --main_process_ip node-1" in lines[4] and lines[4].endswith("train.py --epochs 1")
+
+
 @pytest.mark.parametrize("options, flag", [
     ({"launcher": "kubernetes"}, "--image"),
     ({"launcher": "kubernetes", "image": "a b"}, "--image"),
