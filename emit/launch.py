@@ -18,7 +18,7 @@ from emit import kubernetes, skypilot, slurm
 from emit.names import LAUNCHER_FILE, PATH_FLAGS
 from emit.nodes import RUN_VAR, TRIAL, resolve
 from planner.errors import InputError
-from planner.vocab import KUBERNETES, SLURM
+from planner.vocab import KUBERNETES, LAUNCHER, SLURM
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -74,12 +74,12 @@ class NodeCommand:
 def submit_command(plan, folder: Path, options, script_args: list[str]) -> list[str]:
     """The command that submits the job `options.launcher` wrote into `folder` (script_args go to sbatch; the other
     jobs carry them in their file). SkyPilot's cluster is named as the job, for `sky logs NAME`."""
-    job = str(folder / LAUNCHER_FILE[options.launcher])
+    job, program = str(folder / LAUNCHER_FILE[options.launcher]), LAUNCHER[options.launcher].program
     if options.launcher == SLURM:
-        return ["sbatch", job, *script_args]
+        return [program, job, *script_args]
     if options.launcher == KUBERNETES:
-        return ["kubectl", "apply", "--server-side", "-f", job]
-    return ["sky", "launch", "--cluster", kubernetes.job_name(plan), "--workdir", str(folder), job]
+        return [program, "apply", "--server-side", "-f", job]
+    return [program, "launch", "--cluster", kubernetes.job_name(plan), "--workdir", str(folder), job]
 
 
 def node_commands(plan, options, folder: Path, script_args: list[str]) -> list[NodeCommand]:
