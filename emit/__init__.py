@@ -1,5 +1,5 @@
-"""Writers: a Plan as DeepSpeed / Accelerate / Trainer configs, plan.json, launch.sh and a Slurm batch script, and
-the launcher.
+"""Writers: a Plan as DeepSpeed / Accelerate / Trainer configs, plan.json, launch.sh and a cluster engine's job (a
+Slurm batch script, a Kubeflow TrainJob, a SkyPilot task), and the launcher.
 
 Deterministic (sorted keys, trailing newline), atomic, and never overwriting without `force`. The files name each
 other by file name, so the folder can be copied elsewhere (emit/names.py).

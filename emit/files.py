@@ -1,9 +1,9 @@
 """Render a plan's files and write them atomically; refuse to overwrite unless forced.
 
 Only the files the plan needs: ds_config.json for DeepSpeed plans, peft_config.json for LoRA / QLoRA plans (the
-LoraConfig and BitsAndBytesConfig arguments), train.sbatch with Slurm, the training scripts train.py and train_trl.py
-for a causal LM; accelerate_config.yaml, training_args.json, plan.json (read back by `planner.load_plan`) and
-launch.sh always.
+LoraConfig and BitsAndBytesConfig arguments), the launcher's job (train.sbatch for Slurm, trainjob.yaml for Kubernetes,
+sky.yaml for SkyPilot), the training scripts train.py and train_trl.py for a causal LM; accelerate_config.yaml,
+training_args.json, plan.json (read back by `planner.load_plan`) and launch.sh always.
 The files name each other by file name only, so the folder can be moved (emit/names.py).
 """
 
@@ -20,27 +20,29 @@ from pathlib import Path
 
 import yaml
 
+from emit.kubernetes import trainjob_yaml, valid_claim
 from emit.names import (
-    ACCELERATE_CONFIG, DS_CONFIG, LAUNCH, PEFT_CONFIG, PLAN_JSON, REPORT_HTML, TRAIN_SBATCH, TRAIN_SCRIPTS,
-    TRAINING_ARGS,
+    ACCELERATE_CONFIG, DS_CONFIG, LAUNCH, PEFT_CONFIG, PLAN_JSON, REPORT_HTML, SKY_YAML, TRAIN_SBATCH, TRAIN_SCRIPTS,
+    TRAINING_ARGS, TRAINJOB_YAML,
     folder_files,
 )
+from emit.skypilot import sky_yaml, skypilot_gpu, valid_bucket
 from emit.slurm import sbatch_script
 from emit.write import atomic_write
 from planner.errors import InputError
 from planner.export import emit_problem
-from planner.vocab import DEEPSPEED
+from planner.vocab import DEEPSPEED, KUBERNETES, LAUNCHER, SKYPILOT, SLURM
 
 #: Every name `emit` may write, for the overwrite check made before planning.
-ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, PEFT_CONFIG, TRAIN_SBATCH, REPORT_HTML,
-             *TRAIN_SCRIPTS)
+ALL_FILES = (DS_CONFIG, ACCELERATE_CONFIG, TRAINING_ARGS, PLAN_JSON, LAUNCH, PEFT_CONFIG, TRAIN_SBATCH, TRAINJOB_YAML,
+             SKY_YAML, REPORT_HTML, *TRAIN_SCRIPTS)
 #: The task the shipped training scripts train (their collator makes next-token labels).
 SCRIPT_TASK = "causal-lm"
 #: accelerate's rendezvous port where none is given (accelerate/commands/launch.py `--main_process_port`).
 DEFAULT_PORT = 29500
 #: Files written executable.
 EXECUTABLE = (LAUNCH, TRAIN_SBATCH)
-#: Stands in for the rank-0 address while the accelerate config is built for Slurm, which learns it at job start.
+#: Stands in for the rank-0 address while the accelerate config is built for a launcher, which learns it at job start.
 _NO_ADDRESS = "0.0.0.0"
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
                        r"[A-Za-z0-9])?)*$")
@@ -55,14 +57,30 @@ class EmitOptions:
     #: the nodes' names, rank 0 first: its name is the rank-0 address where main_process_ip is not given
     hostnames: tuple[str, ...] = ()
     force: bool = False
-    #: also write train.sbatch; the rank-0 address then comes from the Slurm allocation, not main_process_ip
+    #: the same as launcher="slurm" (the older spelling)
     slurm: bool = False
+    #: also write the job of a cluster engine (planner/vocab.py LAUNCHER); the rank-0 address then comes from the job
+    launcher: str | None = None
+    #: the container image the nodes run (kubernetes)
+    image: str | None = None
+    #: where the run folder lives and the run writes: a PersistentVolumeClaim (kubernetes), a bucket (skypilot)
+    volume: str | None = None
+    #: the training script and its arguments the job runs (kubernetes, skypilot; default: trainplan's trial script)
+    script: tuple[str, ...] = ()
     #: also write plan.html (emit/report.py) where its extra, report, is installed
     report: bool = True
 
-    def check(self, nodes: int, writes: bool = True) -> None:
-        """Raise InputError for options a `nodes`-node launch cannot use (the rank-0 address is needed only when
-        files are written, and not with Slurm)."""
+    def __post_init__(self):
+        if self.slurm and self.launcher in (None, SLURM):
+            object.__setattr__(self, "launcher", SLURM)
+        elif self.slurm:
+            raise InputError(f"cannot be combined with --launcher {self.launcher}", flag="--slurm",
+                             hint="--slurm is --launcher slurm: give one launcher.")
+
+    def check(self, nodes: int, writes: bool = True, gpu: str | None = None) -> None:
+        """Raise InputError for options a `nodes`-node launch on `gpu` (a catalog name, where known) cannot use (the
+        rank-0 address is needed only when files are written, and not with a launcher)."""
+        self.check_launcher(gpu)
         if self.main_process_port is not None and not 0 < self.main_process_port < 65536:
             raise InputError(f"port {self.main_process_port} out of range", flag="--main-process-port",
                              hint="Use a port from 1 to 65535.")
@@ -71,16 +89,47 @@ class EmitOptions:
                              hint=f"Use a rank from 0 to {nodes - 1}.")
         if self.main_process_ip is not None and not valid_host(self.main_process_ip):
             raise InputError(f"{self.main_process_ip!r} is not an IP address or host name", flag="--main-process-ip")
-        if writes and nodes > 1 and not self.rank0_address and not self.slurm:
+        if writes and nodes > 1 and not self.rank0_address and not self.launcher:
             raise InputError(f"a {nodes}-node plan needs the address of machine rank 0", flag="--main-process-ip",
                              hint="e.g. --main-process-ip 10.0.0.1 (the first node's address on the training network), "
-                             "or emit for Slurm, which finds it when the job starts.")
+                             "or emit for a cluster engine (--launcher), which finds it when the job starts.")
         bad = [h for h in self.hostnames if not valid_host(h)]
         if bad:
             raise InputError(f"{bad[0]!r} is not a host name", flag="--hostnames")
         if self.hostnames and len(self.hostnames) != nodes:
             raise InputError(f"{len(self.hostnames)} hostnames for {nodes} nodes", flag="--hostnames",
                              hint="Give one hostname per node, comma-separated, rank 0 first.")
+
+    def check_launcher(self, gpu: str | None = None) -> None:
+        """--launcher and what goes with it: the image Kubernetes runs, a volume of the launcher's kind, a GPU
+        SkyPilot has a name for."""
+        if self.launcher is not None and self.launcher not in LAUNCHER:
+            raise InputError(f"unknown value {self.launcher!r}", flag="--launcher",
+                             hint=f"Use one of {', '.join(LAUNCHER)}.")
+        info = LAUNCHER.get(self.launcher) if self.launcher else None
+        if info is not None and info.image and not (self.image or "").strip():
+            raise InputError(f"--launcher {self.launcher} needs the container image its nodes run", flag="--image",
+                             hint="e.g. --image registry.example.com/team/train:1 (with trainplan and the plan's "
+                                  "packages installed).")
+        if self.image is not None and (info is None or not info.image):
+            raise InputError("applies to --launcher kubernetes", flag="--image", hint="Add --launcher kubernetes.")
+        if self.image is not None and any(c.isspace() for c in self.image):
+            raise InputError(f"{self.image!r} is not a container image name", flag="--image",
+                             hint="e.g. --image registry.example.com/team/train:1 (no spaces).")
+        if self.volume is not None:
+            self._check_volume(info)
+        if self.launcher == SKYPILOT and gpu is not None:
+            skypilot_gpu(gpu)
+
+    def _check_volume(self, info) -> None:
+        if info is None or not info.volume:
+            raise InputError("applies to --launcher kubernetes (a PersistentVolumeClaim) or skypilot (a bucket)",
+                             flag="--volume", hint="Add --launcher kubernetes or --launcher skypilot.")
+        valid = valid_claim if self.launcher == KUBERNETES else valid_bucket
+        if not valid(self.volume):
+            raise InputError(f"{self.volume!r} is not {info.volume}", flag="--volume",
+                             hint="e.g. --volume " + ("training-runs" if self.launcher == KUBERNETES else
+                                                      "s3://my-bucket/runs"))
 
     @property
     def rank0_address(self) -> str | None:
@@ -141,7 +190,7 @@ def _yaml(data) -> str:
 def render_files(plan, opts: EmitOptions, folder: str | os.PathLike = ".") -> dict[str, str]:
     """File name -> contents for `folder`; the configs name each other by file name, relative to their folder, and
     plan.json names local paths (a model folder, the dataset) both relative to `folder` and absolute. Pure."""
-    opts.check(plan.hardware.nodes)
+    opts.check(plan.hardware.nodes, gpu=plan.hardware.gpu)
 
     problem = emit_problem(plan)
     if problem:
@@ -159,10 +208,14 @@ def render_files(plan, opts: EmitOptions, folder: str | os.PathLike = ".") -> di
         files[PEFT_CONFIG] = _json(peft)
     if deepspeed:
         files[DS_CONFIG] = _json(plan.to_deepspeed())
-    if opts.slurm:
+    if opts.launcher == SLURM:
         files[TRAIN_SBATCH] = sbatch_script(plan, opts)
     if plan.model.task == SCRIPT_TASK:
         files.update({name: (resources.files("emit") / "scripts" / name).read_text() for name in TRAIN_SCRIPTS})
+    if opts.launcher == KUBERNETES:  # last: the ConfigMap carries the files above
+        files[TRAINJOB_YAML] = trainjob_yaml(plan, opts, files)
+    if opts.launcher == SKYPILOT:
+        files[SKY_YAML] = sky_yaml(plan, opts)
     return dict(sorted(files.items()))
 
 
@@ -174,9 +227,9 @@ def plan_json(plan, folder: str | os.PathLike) -> dict:
 
 
 def accelerate_file(plan, opts: EmitOptions) -> dict:
-    """accelerate_config.yaml's contents; for Slurm without an address given, no main_process_ip (train.sbatch passes
-    the allocation's first node)."""
-    later = opts.slurm and not opts.rank0_address and plan.hardware.nodes > 1
+    """accelerate_config.yaml's contents; for a launcher without an address given, no main_process_ip (the job passes
+    the rank-0 node's when it starts)."""
+    later = opts.launcher and not opts.rank0_address and plan.hardware.nodes > 1
     out = plan.to_accelerate(ds_config_path=DS_CONFIG, main_process_ip=_NO_ADDRESS if later else opts.rank0_address,
                              main_process_port=opts.port, machine_rank=opts.machine_rank)
     if later:
@@ -239,4 +292,5 @@ def portable_paths(data: dict, folder: str | os.PathLike) -> dict:
 
 
 __all__ = ["EmitOptions", "emit", "render_files", "check_destination", "valid_host", "ALL_FILES", "ACCELERATE_CONFIG",
-           "DS_CONFIG", "LAUNCH", "PEFT_CONFIG", "PLAN_JSON", "TRAINING_ARGS", "TRAIN_SBATCH"]
+           "DS_CONFIG", "LAUNCH", "PEFT_CONFIG", "PLAN_JSON", "SKY_YAML", "TRAINING_ARGS", "TRAINJOB_YAML",
+           "TRAIN_SBATCH"]

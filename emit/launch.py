@@ -1,5 +1,6 @@
-"""`accelerate launch --config_file ... train.py ARGS` as a subprocess: no shell, signals forwarded,
-its exit code returned."""
+"""`accelerate launch --config_file ... train.py ARGS` as a subprocess: no shell, signals forwarded, its exit code
+returned; or, with a launcher, the command that submits the folder's job (sbatch, kubectl apply, sky launch) and what
+each node of the job will run, for `--launch --dry-run`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from emit.names import PATH_FLAGS
+from emit import kubernetes, skypilot, slurm
+from emit.names import LAUNCHER_FILE, PATH_FLAGS
+from emit.nodes import RUN_VAR, TRIAL, resolve
 from planner.errors import InputError
+from planner.vocab import KUBERNETES, LAUNCHER, SLURM
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -49,6 +54,55 @@ def folder_flags(config_file: str | Path) -> list[str]:
         if isinstance(name, str) and name and not os.path.isabs(name):
             flags += [flag, os.path.join(os.path.dirname(os.path.abspath(path)), name)]
     return flags
+
+
+#: A Slurm allocation for the dry run: its nodes' names and its job id.
+EXAMPLE_HOSTS = "node-{}"
+EXAMPLE_JOB_ID = 4242
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What node `rank` of a job runs: the launcher's variables on it (example values where the job has its own) and
+    the command they resolve to."""
+
+    rank: int
+    variables: dict[str, str]
+    argv: list[str]
+
+
+def submit_command(plan, folder: Path, options, script_args: list[str]) -> list[str]:
+    """The command that submits the job `options.launcher` wrote into `folder` (script_args go to sbatch; the other
+    jobs carry them in their file). SkyPilot's cluster is named as the job, for `sky logs NAME`."""
+    job, program = str(folder / LAUNCHER_FILE[options.launcher]), LAUNCHER[options.launcher].program
+    if options.launcher == SLURM:
+        return [program, job, *script_args]
+    if options.launcher == KUBERNETES:
+        return [program, "apply", "--server-side", "-f", job]
+    return [program, "launch", "--cluster", kubernetes.job_name(plan), "--workdir", str(folder), job]
+
+
+def node_commands(plan, options, folder: Path, script_args: list[str]) -> list[NodeCommand]:
+    """What each node of the job runs, its rendezvous from example values (each launcher's `example_nodes`)."""
+    if options.launcher == SLURM:
+        hosts = tuple(EXAMPLE_HOSTS.format(i + 1) for i in range(plan.hardware.nodes))
+        envs, words = slurm.example_nodes(options, str(folder), hosts, EXAMPLE_JOB_ID), slurm.node_words(plan)
+    elif options.launcher == KUBERNETES:
+        envs, words = kubernetes.example_nodes(plan), kubernetes.node_words(plan)
+    else:
+        envs, words = skypilot.example_nodes(plan, options), skypilot.node_words(plan)
+    out = []
+    for rank, env in enumerate(envs):
+        script = tuple(script_args) or (*TRIAL, env[RUN_VAR])
+        out.append(NodeCommand(rank, {k: v for k, v in env.items() if k != RUN_VAR}, resolve(words, env, script)))
+    return out
+
+
+def check_program(command: list[str], folder: Path) -> None:
+    """The launcher's program must be here to submit the job."""
+    if shutil.which(command[0]) is None:
+        raise InputError(f"{command[0]} is not installed here", flag="--launch",
+                         hint=f"Install it, or submit the job in {folder} yourself; --dry-run shows what runs.")
 
 
 def run_launch(command: list[str], env: dict | None = None) -> int:

@@ -8,7 +8,7 @@ resolve against the current directory (see `folder_files`).
 
 from __future__ import annotations
 
-from planner.vocab import DEEPSPEED
+from planner.vocab import DEEPSPEED, KUBERNETES, SKYPILOT, SLURM
 
 DS_CONFIG = "ds_config.json"
 ACCELERATE_CONFIG = "accelerate_config.yaml"
@@ -17,6 +17,10 @@ PLAN_JSON = "plan.json"
 LAUNCH = "launch.sh"
 PEFT_CONFIG = "peft_config.json"
 TRAIN_SBATCH = "train.sbatch"
+TRAINJOB_YAML = "trainjob.yaml"
+SKY_YAML = "sky.yaml"
+#: The file each launcher submits (planner/vocab.py LAUNCHER).
+LAUNCHER_FILE = {SLURM: TRAIN_SBATCH, KUBERNETES: TRAINJOB_YAML, SKYPILOT: SKY_YAML}
 REPORT_HTML = "plan.html"
 #: The training scripts shipped into a causal LM's folder (emit/scripts/): the Trainer's and TRL's SFTTrainer's.
 TRAIN_SCRIPTS = ("train.py", "train_trl.py")
@@ -36,5 +40,6 @@ def folder_files(plan) -> list[tuple[str, str]]:
     return [(PATH_FLAGS["deepspeed_config_file"], DS_CONFIG)]
 
 
-__all__ = ["ACCELERATE_CONFIG", "DS_CONFIG", "LAUNCH", "PATH_FLAGS", "PEFT_CONFIG", "PLAN_JSON",
-           "REPORT_HTML", "TRAINING_ARGS", "TRAIN_SBATCH", "TRAIN_SCRIPTS", "folder_files"]
+__all__ = ["ACCELERATE_CONFIG", "DS_CONFIG", "LAUNCH", "LAUNCHER_FILE", "PATH_FLAGS", "PEFT_CONFIG", "PLAN_JSON",
+           "REPORT_HTML", "SKY_YAML", "TRAINING_ARGS", "TRAINJOB_YAML", "TRAIN_SBATCH", "TRAIN_SCRIPTS",
+           "folder_files"]

@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from emit.names import ACCELERATE_CONFIG, folder_files
-from planner.export import DS_MULTINODE_LAUNCHER
-from planner.vocab import DEEPSPEED
+from emit.names import ACCELERATE_CONFIG
+from emit.nodes import RUN_VAR, TRIAL, FromEnv, Rendezvous, Word, accelerate_words, shell_line
 
 #: The job's log, in the job's working directory (the submit directory): %x the job name, %j its id.
 LOG = "%x-%j.log"
@@ -53,7 +52,7 @@ def sbatch_script(plan, options, script: tuple[str, ...] = ()) -> str:
     """The batch script: `sbatch FOLDER/train.sbatch [script args...]` trains with the script's arguments, or with
     `script` (the shipped script, `-m probes.train --plan <folder>`, when empty)."""
     hw, cfg = plan.hardware, plan.choice.config
-    default = shlex.join(script) if script else '-m probes.train --plan "$TRAINPLAN_RUN"'
+    default = shlex.join(script) if script else f'{shlex.join(TRIAL)} "${RUN_VAR}"'
     port = str(options.main_process_port) if options.main_process_port else JOB_PORT
     lines = [
         "#!/usr/bin/env bash",
@@ -81,27 +80,28 @@ def sbatch_script(plan, options, script: tuple[str, ...] = ()) -> str:
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f'export MASTER_PORT="{port}"',
         "# one task per node; single quotes: each node reads its own SLURM_NODEID",
-        "srun --ntasks-per-node=1 bash -c '" + " \\\n  ".join(_launch(plan)) + "' bash \"$@\"",
+        "srun --ntasks-per-node=1 bash -c 'exec " + shell_line(node_words(plan), " \\\n  ") + "' bash \"$@\"",
     ]
     return "\n".join(lines) + "\n"
 
 
-def _launch(plan) -> list[str]:
-    """The `accelerate launch` line each node runs, one flag per element (expanded on the node)."""
-    cfg = plan.choice.config
-    parts = [
-        "exec accelerate launch --quiet",
-        f'--config_file "$TRAINPLAN_RUN/{ACCELERATE_CONFIG}"',
-        '--num_machines "$SLURM_NNODES"',
-        '--machine_rank "$SLURM_NODEID"',
-        '--main_process_ip "$MASTER_ADDR"',
-        '--main_process_port "$MASTER_PORT"',
-        f"--num_processes {cfg.world_size}",
-    ]
-    if cfg.engine == DEEPSPEED and plan.hardware.nodes > 1:
-        parts.append(f"--deepspeed_multinode_launcher {DS_MULTINODE_LAUNCHER}")
-    parts += [f'{flag} "$TRAINPLAN_RUN/{name}"' for flag, name in folder_files(plan)]
-    return [*parts, '"$@"']
+#: The rendezvous each node reads: the allocation's node count and the node's id; the address and port train.sbatch
+#: exports before srun.
+RENDEZVOUS = Rendezvous(nodes=FromEnv("SLURM_NNODES"), rank=FromEnv("SLURM_NODEID"), address=FromEnv("MASTER_ADDR"),
+                        port=FromEnv("MASTER_PORT"))
 
 
-__all__ = ["sbatch_script", "job_name"]
+def node_words(plan) -> list[Word]:
+    """The `accelerate launch` each node runs under srun."""
+    return accelerate_words(plan, RENDEZVOUS)
+
+
+def example_nodes(options, folder: str, hosts: tuple[str, ...], job_id: int) -> list[dict[str, str]]:
+    """The variables each node's launch line reads in a job on `hosts` with id `job_id`, the run folder `folder`
+    (what train.sbatch and srun set), for `plan --launch --dry-run`."""
+    port = str(options.main_process_port or 20000 + job_id % 20000)  # JOB_PORT
+    return [{"SLURM_NNODES": str(len(hosts)), "SLURM_NODEID": str(rank), "MASTER_ADDR": hosts[0], "MASTER_PORT": port,
+             RUN_VAR: folder} for rank in range(len(hosts))]
+
+
+__all__ = ["sbatch_script", "job_name", "node_words", "example_nodes"]

@@ -31,14 +31,15 @@ from rich.table import Table
 from rich.text import Text
 
 from emit import EmitOptions, check_destination, emit, launch_command, run_launch
+from emit.launch import check_program, node_commands, submit_command
 from emit.files import ACCELERATE_CONFIG
 from emit.report import check_report, receipt_rows, report_available, write_report
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
 from planner.models.presets import presets
-from planner.render import comparison_table, render_no_fit, render_plan
+from planner.render import comparison_table, launch_preview, render_no_fit, render_plan
 from planner.request import PlanRequest, flag_of, input_error, option
-from planner.vocab import NO_OFFLOAD
+from planner.vocab import LAUNCHER, NO_OFFLOAD, SLURM, Launcher, choices_text
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -58,19 +59,30 @@ class RunOptions(BaseModel):
     report: Path | None = option(help='Write the plan as one self-contained HTML page with its charts (needs pip '
                                       'install -e ".[report]"; plan.html is also written into --emit folders).')
     main_process_ip: str | None = option(help="Multi-node: address of machine rank 0 (required with --nodes > 1 "
-                                              "when emitting, unless --slurm).")
+                                              "when emitting, unless --launcher).")
     main_process_port: int | None = option(help="Multi-node: rendezvous port (default 29500; with --slurm, one "
                                                 "from the job's id).")
     machine_rank: int = option(0, help="Multi-node: this machine's rank (0 to nodes - 1).")
     hostnames: str | None = option(help="Multi-node: comma-separated hosts, rank 0 first (its name is the rank-0 "
                                         "address unless --main-process-ip).")
-    slurm: bool = option(False, help="With --emit: also write train.sbatch (sbatch DIR/train.sbatch); the rank-0 "
-                                     "address then comes from the Slurm allocation.")
+    slurm: bool = option(False, help="The same as --launcher slurm: also write train.sbatch (sbatch "
+                                     "DIR/train.sbatch).")
+    launcher: Launcher | None = option(help="With --emit: also write the job of a cluster engine, whose nodes find "
+                                            "the rank-0 address when it starts: " + choices_text(LAUNCHER) + " ("
+                                            "train.sbatch, trainjob.yaml, sky.yaml; docs/clusters.md). --launch "
+                                            "submits it.")
+    image: str | None = option(help="--launcher kubernetes: the container image the nodes run (with trainplan and "
+                                    "the plan's packages installed).")
+    volume: str | None = option(help="--launcher kubernetes: a PersistentVolumeClaim holding the run folder; "
+                                     "skypilot: a bucket (s3://...) receiving receipt.json. Without it the run folder "
+                                     "goes with the job (receipt.json in node 0's log).")
     probe: bool | None = option(help="Confirm the top candidates with short real steps on the local GPU (default: on "
                                      "when CUDA is available).", flag="--probe/--no-probe")
     probe_budget: float = option(60.0, help="Seconds of probing at most: a probe still running then is stopped.")
-    launch: bool = option(False, help="Run `accelerate launch` with the plan: plan ... --launch -- train.py ARGS")
-    dry_run: bool = option(False, help="With --launch: print the command instead of running it.")
+    launch: bool = option(False, help="Run `accelerate launch` with the plan: plan ... --launch -- train.py ARGS; "
+                                      "with --launcher, submit its job (sbatch, kubectl apply, sky launch).")
+    dry_run: bool = option(False, help="With --launch: print the command instead of running it (with --launcher, "
+                                       "and what each node runs, from example values).")
     list_models: bool = option(False, help="List the bundled model presets and exit.")
     list_gpus: bool = option(False, help="List the GPU catalog and exit.")
     compare_gpus: str | None = option(help="Plan the same job on each of these GPUs (comma-separated, e.g. "
@@ -172,7 +184,7 @@ def _run(values: dict, run: RunOptions, script_args: list[str]) -> None:
     if run.compare_gpus is not None or run.price:
         _compare(request, run, script_args)
         return
-    options = _emit_options(run, request.nodes)
+    options = _emit_options(run, request, script_args)
     emit_dir = run.emit_dir
     if emit_dir is not None:
         check_destination(emit_dir, run.force)
@@ -188,10 +200,10 @@ def _run(values: dict, run: RunOptions, script_args: list[str]) -> None:
     if run.report is not None:
         page = write_report(result, run.report, receipts=receipt_rows(result), force=run.force)
         result = result.model_copy(update={"files": (*result.files, page)})
-    command = _launch_command(emit_dir, script_args) if run.launch else None
+    command = _launch_command(emit_dir, script_args, result, options) if run.launch else None
     _print_plan(result, run.as_json, run.explain)
     if command is not None:
-        _launch(command, run.dry_run)
+        _launch(command, run.dry_run, result, options, emit_dir)
 
 
 def _request(values: dict, run: RunOptions) -> PlanRequest:
@@ -258,24 +270,36 @@ def _check_launch(run: RunOptions, script_args: list[str]) -> None:
                          hint="Add --launch -- train.py ARGS, or drop --dry-run.")
 
 
-def _emit_options(run: RunOptions, nodes: int) -> EmitOptions:
-    if run.slurm and run.emit_dir is None:
-        raise InputError("applies to --emit", flag="--slurm", hint="Add --emit DIR; then sbatch DIR/train.sbatch.")
+def _emit_options(run: RunOptions, request: PlanRequest, script_args: list[str]) -> EmitOptions:
+    flag = "--slurm" if run.slurm else "--launcher"
+    if (run.slurm or run.launcher) and run.emit_dir is None and not run.launch:
+        raise InputError("applies to --emit (or --launch)", flag=flag, hint="Add --emit DIR to write the job there.")
+    if (run.slurm or run.launcher == SLURM) and run.launch and run.emit_dir is None:
+        raise InputError("a Slurm job runs its folder from the cluster's shared file system", flag="--emit",
+                         hint="Add --emit DIR with DIR on that file system.")
     hosts = tuple(h.strip() for h in run.hostnames.split(",") if h.strip()) if run.hostnames else ()
     options = EmitOptions(main_process_ip=run.main_process_ip, main_process_port=run.main_process_port,
-                          machine_rank=run.machine_rank, hostnames=hosts, force=run.force, slurm=run.slurm)
-    options.check(nodes, writes=run.emit_dir is not None or run.launch)
+                          machine_rank=run.machine_rank, hostnames=hosts, force=run.force, slurm=run.slurm,
+                          launcher=run.launcher, image=run.image, volume=run.volume, script=tuple(script_args))
+    options.check(request.nodes, writes=run.emit_dir is not None or run.launch,
+                  gpu=lookup_gpu(request.gpu).name if request.gpu else None)
     return options
 
 
-def _launch_command(folder: Path, script_args: list[str]) -> list[str]:
+def _launch_command(folder: Path, script_args: list[str], plan, options: EmitOptions) -> list[str]:
+    """`accelerate launch` of the folder here, or the command submitting its launcher's job."""
+    if options.launcher:
+        return submit_command(plan, folder.resolve(), options, list(script_args))
     return launch_command(folder.resolve() / ACCELERATE_CONFIG, list(script_args))
 
 
-def _launch(command: list[str], dry_run: bool) -> None:
+def _launch(command: list[str], dry_run: bool, plan, options: EmitOptions, folder: Path) -> None:
     if dry_run:
-        sys.stdout.write(shlex.join(command) + "\n")
+        nodes = node_commands(plan, options, folder.resolve(), list(options.script)) if options.launcher else None
+        sys.stdout.write(launch_preview(command, nodes) if nodes else shlex.join(command) + "\n")
         return
+    if options.launcher:
+        check_program(command, folder)
     _stderr().print(f"[bold]launching:[/] {escape(shlex.join(command))}")
     raise typer.Exit(run_launch(command))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich import box
 from rich.console import Console, Group
 from rich.markup import escape
@@ -725,3 +727,13 @@ def suggestion_text(s: Lever) -> str:
     }
     text = texts[s.kind]()
     return f"{text} ({as_flags(s.changes)})." if s.changes else text
+
+
+def launch_preview(submit: list[str], nodes) -> str:
+    """`plan --launch --dry-run` with a launcher: the command that submits the job, then what each node runs, after a
+    comment with the variables its command reads there (example values where the job has its own)."""
+    lines = [shlex.join(submit)]
+    for node in nodes:
+        values = " ".join(f"{k}={shlex.quote(v)}".replace("\n", "\\n") for k, v in node.variables.items())
+        lines += [f"# node {node.rank} of {len(nodes)}: {values}", shlex.join(node.argv)]
+    return "\n".join(lines) + "\n"

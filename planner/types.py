@@ -426,8 +426,8 @@ class Plan(BaseModel):
 
     def emit(self, folder, **options) -> list[str]:
         """Write the plan's files into `folder` (what `plan --emit` writes); `options` are emit.EmitOptions' fields
-        (force, main_process_ip, slurm, ...). Returns the paths written; a folder holding them already raises
-        InputError unless force=True."""
+        (force, main_process_ip, launcher, image, volume, ...). Returns the paths written; a folder holding them
+        already raises InputError unless force=True."""
         try:
             return write_files(self, folder, EmitOptions(**options))
         except InputError as err:

@@ -15,19 +15,53 @@ from typing import Literal, get_args
 
 @dataclass(frozen=True)
 class PackageInfo:
-    module: str        # what `import` names
-    install: str       # the command that installs it
+    module: str                  # what `import` names
+    extra: str | None = None     # trainplan's extra (pyproject.toml) that installs it
+    command: str | None = None   # the command that installs it, for a package no extra installs
+
+    @property
+    def install(self) -> str:
+        """The command that installs it into a trainplan checkout."""
+        return f'pip install -e ".[{self.extra}]"' if self.extra else str(self.command)
 
 
 #: Packages a plan may need beyond the base install (each choice below names the ones it needs).
 PACKAGE: dict[str, PackageInfo] = {
-    "deepspeed": PackageInfo("deepspeed", 'pip install -e ".[deepspeed]"'),
-    "peft": PackageInfo("peft", 'pip install -e ".[peft]"'),
-    "bitsandbytes": PackageInfo("bitsandbytes", 'pip install -e ".[bitsandbytes]"'),
-    "flash-attn": PackageInfo("flash_attn", "pip install flash-attn --no-build-isolation"),
-    "liger-kernel": PackageInfo("liger_kernel", 'pip install -e ".[liger]"'),
-    "torchao": PackageInfo("torchao", 'pip install -e ".[fp8]"'),
+    "deepspeed": PackageInfo("deepspeed", "deepspeed"),
+    "peft": PackageInfo("peft", "peft"),
+    "bitsandbytes": PackageInfo("bitsandbytes", "bitsandbytes"),
+    "flash-attn": PackageInfo("flash_attn", command="pip install flash-attn --no-build-isolation"),
+    "liger-kernel": PackageInfo("liger_kernel", "liger"),
+    "torchao": PackageInfo("torchao", "fp8"),
 }
+#: The extras the shipped training scripts need on a node besides the plan's packages: --dataset's formats and TRL
+#: (train_trl.py, padding-free and packed batches).
+SCRIPT_EXTRAS = ("data", "trl")
+
+
+@dataclass(frozen=True)
+class LauncherInfo:
+    doc: str
+    program: str               # what submits the job
+    image: bool = False        # the nodes run a container image the user names (--image)
+    volume: str = ""           # what --volume names for it, where the run folder lives ("": it takes none)
+
+
+#: Cluster engines a plan's folder can be submitted to (`plan --emit DIR --launcher NAME`; emit/slurm.py,
+#: emit/kubernetes.py, emit/skypilot.py).
+LAUNCHER: dict[str, LauncherInfo] = {
+    "slurm": LauncherInfo("a Slurm batch job (sbatch DIR/train.sbatch), one accelerate launch per node under srun; "
+                          "the run folder on the cluster's shared file system", "sbatch"),
+    "kubernetes": LauncherInfo("a Kubeflow Trainer v2 TrainJob on the torch-distributed runtime (kubectl apply "
+                               "--server-side -f DIR/trainjob.yaml), the folder's files in a ConfigMap beside it",
+                               "kubectl", image=True,
+                               volume="a PersistentVolumeClaim name"),
+    "skypilot": LauncherInfo("a SkyPilot task (sky launch --workdir DIR DIR/sky.yaml), the folder synced to each "
+                             "node as its workdir", "sky",
+                             volume="a bucket URI (s3://, gs://, r2://, cos://, oci:// or nebius://)"),
+}
+Launcher = Literal[tuple(LAUNCHER)]  # type: ignore[valid-type]
+SLURM, KUBERNETES, SKYPILOT = LAUNCHER
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """Every command and code block in README.md and docs/*.md runs as written: each fenced bash or python block, and each
-inline `plan ...` / `pip install ...` / `accelerate launch ...` / `sbatch ...` command, in a fresh folder of a
-sandbox, offline, on the CPU.
+inline `plan ...` / `pip install ...` / `accelerate launch ...` / `sbatch ...` / `kubectl apply ...` / `sky launch ...`
+command, in a fresh folder of a sandbox, offline, on the CPU.
 
 The sandbox holds what the text names: chats.jsonl, a Hugging Face cache with the tokenizers of the models the
 quick start fine-tunes, and a tiny random stand-in for gpt2's weights (the hub's cannot be downloaded here).
 What needs a GPU, a cluster or the package index meets stand-ins that check it, then stop: `pip` checks the extras
 it is asked for exist in pyproject.toml; `accelerate` parses its arguments with accelerate's own parser, reads the
 config they name and checks that the training script exists; `sbatch` runs the batch script as Slurm does (a copy in
-a spool folder, the job's working directory the submit directory) with `srun` / `scontrol` stand-ins.
+a spool folder, the job's working directory the submit directory) with `srun` / `scontrol` stand-ins; `kubectl apply`
+runs a TrainJob's command on each node with the variables Kubeflow Trainer's torch plugin sets and its ConfigMap's
+files where it mounts them; `sky launch` runs a task's setup, then its run on each node in a copy of the workdir with
+SkyPilot's variables.
 
 A block preceded by `<!-- docs-test: syntax -->` (installs of system packages, a virtual environment) is checked by
 `bash -n` / compile, and of its commands only the `pip install`s (against the stand-in) and the `plan`s run;
@@ -34,7 +37,7 @@ from tiny import chat_tokenizer, chats, hub_snapshot, tiny_llama
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- docs-test: (?P<mark>.*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-INLINE = re.compile(r"`((?:plan|pip install|accelerate launch|sbatch) [^`]*)`")
+INLINE = re.compile(r"`((?:plan|pip install|accelerate launch|sbatch|kubectl apply|sky launch) [^`]*)`")
 #: `plan --json`, `plan --emit`: a flag named in a sentence, not a command (a command names a model, or lists)
 FLAG_NAMED = re.compile(r"plan --(?!list-|help)[a-z-]+")
 #: The run folder a sentence's command reads (`run/train.sbatch`, `run/launch.sh`), made once for the sandbox.
@@ -78,7 +81,7 @@ PIP = """#!{python}
 import re, sys, tomllib
 extras = tomllib.load(open({pyproject!r}, "rb"))["project"]["optional-dependencies"]
 for arg in sys.argv[1:]:
-    match = re.fullmatch(r"\\.\\[(.*)\\]", arg)
+    match = re.fullmatch(r"[^\\[]*\\[(.*)\\]", arg)
     for extra in (match[1].split(",") if match else []):
         if extra not in extras:
             sys.exit(f"pip stand-in: trainplan has no extra {{extra!r}}; it has {{', '.join(sorted(extras))}}")
@@ -111,6 +114,51 @@ case "$1 $2" in
   *) exit 1 ;;
 esac
 """
+KUBECTL = """#!{python}
+import base64, os, pathlib, subprocess, sys, tempfile, yaml
+args = sys.argv[1:]
+if args[:1] != ["apply"] or "-f" not in args:
+    sys.exit(f"kubectl stand-in: only apply -f FILE, got {{args}}")
+docs = list(yaml.safe_load_all(open(args[args.index("-f") + 1])))
+config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+job = next(d for d in docs if d["kind"] == "TrainJob")
+assert job["spec"]["runtimeRef"]["name"] == "torch-distributed", job["spec"]["runtimeRef"]
+trainer, name, root = job["spec"]["trainer"], job["metadata"]["name"], pathlib.Path(tempfile.mkdtemp())
+(root / "plan").mkdir()
+for key, text in config_map.get("data", {{}}).items():
+    (root / "plan" / key).write_text(text)
+for key, data in config_map.get("binaryData", {{}}).items():
+    (root / "plan" / key).write_bytes(base64.b64decode(data))
+for rank in range(trainer["numNodes"]):  # as the torch plugin sets them (kubeflow/trainer torch.go)
+    env = {{**os.environ, **{{e["name"]: e["value"] for e in trainer.get("env", [])}}, "PET_NODE_RANK": str(rank),
+           "PET_NNODES": str(trainer["numNodes"]), "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+           "PET_MASTER_ADDR": f"{{name}}-node-0-0.{{name}}", "PET_MASTER_PORT": "29500",
+           "TRAINPLAN_FILES": str(root / "plan"), "TRAINPLAN_RUN": str(root / f"run-{{rank}}")}}
+    if subprocess.run(trainer["command"] + trainer.get("args", []), env=env).returncode:
+        sys.exit(f"kubectl stand-in: node {{rank}} failed")
+print(f"trainjob.trainer.kubeflow.org/{{name}} serverside-applied (kubectl stand-in)")
+"""
+SKY = """#!{python}
+import os, pathlib, shutil, subprocess, sys, tempfile, yaml
+args = sys.argv[1:]
+assert args[0] == "launch", args
+task = yaml.safe_load(open(args[-1]))
+workdir = args[args.index("--workdir") + 1] if "--workdir" in args else None
+gpu, per_node = task["resources"]["accelerators"].split(":")
+nodes, env = task.get("num_nodes", 1), {{**os.environ, **task.get("envs", {{}})}}
+if subprocess.run(["bash", "-c", task["setup"]], env=env).returncode:
+    sys.exit("sky stand-in: setup failed")
+for rank in range(nodes):
+    node = pathlib.Path(tempfile.mkdtemp())
+    if workdir:
+        shutil.copytree(workdir, node, dirs_exist_ok=True)
+    variables = {{"SKYPILOT_NODE_IPS": "\\n".join(f"10.0.0.{{i + 1}}" for i in range(nodes)),
+                 "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(nodes),
+                 "SKYPILOT_NUM_GPUS_PER_NODE": per_node}}
+    if subprocess.run(["bash", "-c", task["run"]], cwd=node, env={{**env, **variables}}).returncode:
+        sys.exit(f"sky stand-in: node {{rank}} failed")
+print("sky stand-in: launched", task["name"], "on", nodes, "x", gpu, per_node)
+"""
 SRUN = """#!/usr/bin/env bash
 while [[ "$1" == --* ]]; do shift; done
 for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@"; done
@@ -128,7 +176,7 @@ def sandbox(tmp_path_factory) -> dict:
         folder.mkdir(parents=True)
     python = sys.executable
     for name, text in (("pip", PIP), ("accelerate", ACCELERATE), ("sbatch", SBATCH), ("scontrol", SCONTROL),
-                       ("srun", SRUN)):
+                       ("srun", SRUN), ("kubectl", KUBECTL), ("sky", SKY)):
         _write_exe(stubs / name, text.format(python=python, pyproject=str(ROOT / "pyproject.toml")))
     for repo in CACHED_MODELS:  # as a download of the model leaves it: its config.json and tokenizer
         snapshot = hub_snapshot(hub, repo)
@@ -160,7 +208,7 @@ def _run(command: list[str], cwd: Path, env: dict, timeout: int = 300) -> subpro
 def test_every_block_is_found():
     """The extraction itself: the README's two commands, its library block and the docs' scripts are among them."""
     ids = {block[0].split(":")[0] for block in BLOCKS}
-    assert {"README.md", "docs/library.md", "docs/fine-tuning.md", "docs/report.md"} <= ids
+    assert {"README.md", "docs/library.md", "docs/fine-tuning.md", "docs/report.md", "docs/clusters.md"} <= ids
     assert sum(lang == "python" for _, lang, _, _ in BLOCKS) >= 4
     assert any("pip install -e ." in text for _, _, _, text in BLOCKS)
     assert RUN_FOLDER in " ".join((ROOT / "docs" / "library.md").read_text().split())  # the text says what ran

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emit import EmitOptions, emit, render_files, sbatch_script
+from emit import EmitOptions, emit, render_files, sbatch_script, slurm
+from emit.nodes import resolve
 from planner import plan
 from planner.errors import InputError
 
@@ -148,3 +149,14 @@ def test_slurm_emits_a_multi_node_plan_without_the_rank0_address(plans):
     assert "train.sbatch" not in render_files(p, EmitOptions(main_process_ip="10.0.0.1"))
     given = render_files(p, EmitOptions(slurm=True, main_process_ip="10.0.0.1"))["accelerate_config.yaml"]
     assert yaml.safe_load(given)["main_process_ip"] == "10.0.0.1"
+
+
+def test_the_dry_runs_node_lines_are_what_srun_runs(plans, tmp_path):
+    """`plan --launch --dry-run` resolves each node's launch from the variables train.sbatch and srun set."""
+    p, options = plans["deepspeed"], EmitOptions(main_process_port=PORT, slurm=True)
+    script = ("train.py", "--epochs", "1")
+    run = tmp_path / "run"
+    emit(p, run, options)
+    ran = _submit(run, tmp_path, 2, *script)
+    for env, argv in zip(slurm.example_nodes(options, str(run), HOSTS, JOB_ID), ran, strict=True):
+        assert resolve(slurm.node_words(p), env, script) == ["accelerate", *argv]
