@@ -662,7 +662,8 @@ def _unused_receipts_text(v: dict) -> str:
     parts = []
     if v["unlike"]:
         parts.append(f"{v['unlike']} of other runs on this GPU (another model, sequence, adapter or number of GPUs) "
-                     "re-time nothing here")
+                     "re-time nothing here (copied into benchmarks/data/receipts, they count in the error bars of "
+                     "their stratum: docs/receipts.md)")
     if v["skipped"]:
         parts.append(f"{v['skipped']} skipped ({v['reasons']})")
     return "Receipts: " + "; ".join(parts) + "."
