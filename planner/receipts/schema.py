@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from planner.config import Config
-from planner.vocab import ADAPTER, NO_ADAPTER, OK, PROGRAM, TRAINER
+from planner.vocab import NO_ADAPTER, OK, TRAINER, AdapterMethod, Program
 
 SCHEMA = 2
 #: Schemas read: 1 (before the run's configuration, device and the model's own figures were recorded) and 2.
@@ -71,13 +71,13 @@ class RunPlan(_Strict):
 
     model: str
     seq_len: int = Field(gt=0)
-    adapter: str = NO_ADAPTER
+    adapter: AdapterMethod = NO_ADAPTER
     task: str | None = None
     choice: Config
     hardware: Hardware
     optimizer: str | None = None
     attention: str | None = None
-    program: str = TRAINER
+    program: Program = TRAINER
     request: dict[str, Any] | None = None
 
     @field_validator("choice", mode="before")
@@ -85,20 +85,6 @@ class RunPlan(_Strict):
     def _choice(cls, value: Any) -> Any:
         """The configuration's fields strictly typed as well (a micro-batch of "2" refuses the receipt)."""
         return Config.model_validate_json(json.dumps(value), strict=True) if isinstance(value, dict) else value
-
-    @field_validator("adapter")
-    @classmethod
-    def _adapter(cls, value: str) -> str:
-        if value not in ADAPTER:
-            raise ValueError(f"unknown adapter {value!r}")
-        return value
-
-    @field_validator("program")
-    @classmethod
-    def _program(cls, value: str) -> str:
-        if value not in PROGRAM:
-            raise ValueError(f"unknown program {value!r}")
-        return value
 
     @property
     def label(self) -> str:
