@@ -39,7 +39,7 @@ from planner.models.presets import presets
 from planner.receipts import read_receipts
 from planner.render import comparison_table, render_no_fit, render_plan
 from planner.request import PlanRequest, flag_of, input_error, option
-from planner.vocab import NO_OFFLOAD
+from planner.vocab import NO_OFFLOAD, PACKAGE
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -185,7 +185,7 @@ def _run(values: dict, run: RunOptions, script_args: list[str]) -> None:
     if emit_dir is not None:
         result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
         if run.emit_dir is not None and not report_available():
-            _stderr().print('note: plan.html not written: pip install -e ".[report]" writes it')
+            _stderr().print(f"note: plan.html not written: {escape(PACKAGE['matplotlib'].install)} writes it")
     if run.report is not None:
         page = write_report(result, run.report, receipts=receipt_rows(result), force=run.force)
         result = result.model_copy(update={"files": (*result.files, page)})

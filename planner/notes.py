@@ -83,14 +83,17 @@ class Note(_Record):
     """One note: its kind and the numbers (and names) its sentence is made of."""
 
     kind: NoteKind
+    #: where the sentence offers flags: the request's fields that, changed so, plan what it says (re-planned by
+    #: tests/test_hints_replan.py); {} for a statement
+    changes: dict[str, Value] = {}
 
     @property
     def actionable(self) -> bool:
         return NOTE[self.kind].actionable
 
 
-def note(kind: str, **values: Value) -> Note:
-    return Note(kind=kind, values=values)
+def note(kind: str, changes: dict[str, Value] | None = None, **values: Value) -> Note:
+    return Note(kind=kind, values=values, changes=changes or {})
 
 
 #: Why a candidate fits or not.

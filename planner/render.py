@@ -562,7 +562,7 @@ NOTE_TEXT = {
     "liger": lambda v: (f"Liger-Kernel: the Trainer's use_liger_kernel patches {v['patches']} ({v['source']})"
                         + (f"; traced as the model's own: {v['unmodelled']}" if v["unmodelled"] else "") + "."),
     "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
-                                  "installed here, so --liger auto did not weigh it: pip install -e \".[liger]\", "
+                                  f"installed here, so --liger auto did not weigh it: {v['install']}, "
                                   "or --liger on to plan with it."),
     "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
                       f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
