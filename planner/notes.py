@@ -159,6 +159,7 @@ class Verdict(BaseModel):
 LEVER: dict[str, str] = {
     "pinned": "the smallest configuration fits: the pinned choices rule it out",
     "smallest": "what the smallest configuration needs",
+    "split": "each sequence split across more of these GPUs (or split at all) fits",
     "more-gpus": "more GPUs with ZeRO-3",
     "larger-gpu": "a larger GPU",
     "offload-short": "full offload is still over the budget",

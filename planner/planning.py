@@ -19,7 +19,7 @@ from planner import hardware as hw
 from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.hardware.efficiency_data import efficiency_of
-from planner.hardware.systems import usual_system
+from planner.hardware.systems import system_for
 from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
 from planner.dataset import DatasetLengths, load_lengths, mean_length, packing_waste, padding_waste
@@ -39,7 +39,7 @@ from planner.request import PlanRequest, flag_of
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, rank, search, speed_of
 from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
-from planner.suggest import suggestions
+from planner.suggest import Pins, Splits, suggestions
 from planner.uncertainty import Stratum, bar_for
 from planner.types import (
     Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, ReceiptCheck, Requirement,
@@ -123,7 +123,7 @@ def plan_request(request: PlanRequest, *, measure: Callable | None = None, progr
                  receipt_checks=checks)
     if not ranked[0].fits:
         levers = suggestions(draft, job.evaluator, job.gpu, request.offload,
-                             "max_length" if job.data else "seq_len")
+                             "max_length" if job.data else "seq_len", advice_splits(job), advice_pins(request))
         raise NoFitError(no_fit_message(draft), suggestions=[suggestion_text(s) for s in levers], plan=draft,
                          levers=levers)
     if measure is not None:
@@ -147,7 +147,7 @@ def resolve_hardware(request: PlanRequest, detect: bool) -> Hardware:
     budget = int(entry.memory_bytes * (1 - headroom))
     if is_local and detected.free_bytes:
         budget = min(budget, int(min(detected.free_bytes) * (1 - headroom)))
-    system = usual_system(entry.name)
+    system = system_for(entry.name, count)
     if request.host_memory is not None:
         host, source = request.host_memory, "given"
     elif is_local and (local := _local_host_memory()):
@@ -464,9 +464,26 @@ def sequence_splits(job: Job) -> dict:
     return out
 
 
-def split_problem(job: Job, field: str, size: int, world: int) -> str | None:
-    """Why `size` GPUs cannot split each sequence this way for this model, attention and sequence, or None."""
-    spec, config, seq = job.spec, job.resolved.config, job.seq_len
+def advice_pins(request: PlanRequest) -> Pins:
+    """What the request pinned, which the no-fit advice keeps (a re-plan with a suggestion's flags keeps it too)."""
+    return Pins(precision=None if request.precision == AUTO else request.precision,
+                checkpointing=request.checkpointing, micro_batch=request.micro_batch, zero_stage=request.zero_stage,
+                engine=request.engine)
+
+
+def advice_splits(job: Job) -> Splits:
+    """The sequence splits the no-fit advice weighs: the request's pin, else those auto weighs (any size the
+    libraries run, `split_problem`)."""
+    request = job.request
+    pinned = next(((field, size) for field in SPLIT_FIELDS if (size := request.split_sizes(field))), None)
+    return Splits(seq_len=job.seq_len, pinned=pinned, modes={field: getattr(request, field) for field in SPLIT_FIELDS},
+                  problem=lambda field, size, world, seq_len: split_problem(job, field, size, world, seq_len))
+
+
+def split_problem(job: Job, field: str, size: int, world: int, seq_len: int | None = None) -> str | None:
+    """Why `size` GPUs cannot split each sequence this way for this model, attention and sequence (the plan's, or
+    `seq_len`), or None."""
+    spec, config, seq = job.spec, job.resolved.config, seq_len or job.seq_len
     ring = field == "context_parallel"
     if world % size:
         return f"{size} does not divide the {world} GPUs"
@@ -588,8 +605,10 @@ def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
                           plain=plain.config.label() if plain else None))
     if cfg.sequence_split > 1 and choice.fits:
         whole = next((c for c in ranked if c.fits and c.config.sequence_split == 1 and c.throughput), None)
+        narrowest = min(c.config.sequence_split for c in ranked if c.fits)
         notes.append(note("sequence-split", by="context" if cfg.context_parallel > 1 else "sequence",
-                          split=cfg.sequence_split, seq_len=job.seq_len, per_gpu=job.seq_len // cfg.sequence_split,
+                          split=cfg.sequence_split, narrowest=narrowest, seq_len=job.seq_len,
+                          per_gpu=job.seq_len // cfg.sequence_split,
                           gpus=job.hardware.gpus_per_node * job.hardware.nodes, gpu=job.gpu.name,
                           whole=whole.config.label() if whole else None,
                           pinned=any(job.request.split_sizes(field) for field in SPLIT_FIELDS),

@@ -14,7 +14,7 @@ from planner.notes import Lever, Note, Verdict
 from planner.request import as_flags
 from planner import facts
 from planner.uncertainty import BY_ROWS, NO_MARGIN
-from planner.vocab import DEEPSPEED, ESTIMATE, PACKING
+from planner.vocab import DEEPSPEED, ESTIMATE, FULL, NO_CHECKPOINTING, PACKING
 
 GiB = 2**30
 GB = 10**9  # host memory is in GB, as --host-memory and the machines' specs give it
@@ -576,7 +576,9 @@ NOTE_TEXT = {
                               else ".")),
     "sequence-split": lambda v: (
         (f"Each sequence is split {v['split']} ways, as asked" if v["whole"] is None and v["pinned"] else
-         f"{v['seq_len']:,} tokens fit on {v['gpus']} x {v['gpu']} only with each sequence split {v['split']} ways"
+         f"{v['seq_len']:,} tokens fit on {v['gpus']} x {v['gpu']} only with each sequence split"
+         + (f" {v['split']} ways" if v.get("narrowest", v["split"]) == v["split"] else
+            f" (at least {v['narrowest']} ways; this plan splits {v['split']}, faster)")
          if v["whole"] is None else
          f"Splitting each sequence {v['split']} ways runs {v['speedup']:.2f}x the tokens/s of the fastest plan that "
          f"keeps sequences whole ({v['whole']})")
@@ -668,43 +670,62 @@ def note_text(n: Note) -> str:
 
 def _adapters_tried(v: dict) -> str:
     """What LoRA (and, where LoRA did not fit, QLoRA) would need, as the suggestion lists them."""
-    methods = ("lora",) if v["fits"] == "lora" else ("lora", "qlora")
+    methods = ("lora",) if v["fits"] == "lora" else tuple(m for m in ("lora", "qlora") if m + "_peak" in v)
     return "; ".join(f"{v[m + '_label']} ({v[m + '_trainable'] / 1e6:.0f}M trainable) needs "
                      f"{v[m + '_peak'] / GiB:.1f} GiB per GPU" for m in methods)
+
+
+def _split_words(v: dict) -> str:
+    """How a suggestion splits each sequence: nothing where it stays whole."""
+    if v.get("ways", 1) == 1:
+        return ""
+    how = "ring attention" if v["by"] == "context" else "Ulysses"
+    return f", each sequence split {v['ways']} ways ({how})"
+
+
+def _gpus_words(v: dict) -> str:
+    """`gpus` x GPU and how they sit in nodes."""
+    where = "in one node" if v["nodes"] == 1 else f"in {v['nodes']} nodes of {v['per_node']}"
+    return f"{v['gpus']} x {v['gpu']} {where}"
 
 
 def suggestion_text(s: Lever) -> str:
     """The suggestion's sentence, ending with the flags that make the plan fit."""
     v = s.values
-    smallest = (f"The smallest configuration (micro-batch 1, full checkpointing, {v.get('precision')}"
-                f"{', ZeRO-3' if v.get('zero3') else ''}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
+    split = _split_words(v)
+    checkpointing = "no" if v.get("checkpointing") == NO_CHECKPOINTING else v.get("checkpointing", FULL)
+    smallest = (f"The smallest configuration{' your pinned choices allow' if v.get('pinned') else ''} (micro-batch "
+                f"{v.get('micro_batch', 1)}, {checkpointing} checkpointing, {v.get('precision')}"
+                f"{', ZeRO-3' if v.get('zero3') else ''}{split}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
     texts = {
         "pinned": lambda: (f"{smallest} and fits the {v['budget'] / GiB:.1f} GiB budget: the choices you pinned "
                            "(micro-batch, precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin "
                            "fewer of them."),
         "smallest": lambda: f"{smallest}; the budget is {v['budget'] / GiB:.1f} GiB.",
-        "more-gpus": lambda: (f"More GPUs: {v['gpus']} x {v['gpu']} with ZeRO-3 need {v['peak'] / GiB:.1f} GiB per "
-                              "GPU"),
+        "split": lambda: (f"Split each sequence {v['ways']} ways{' ' + split[split.index('('):] if split else ''}: "
+                          f"micro-batch {v['micro_batch']} with {checkpointing} checkpointing and ZeRO-3 needs "
+                          f"{v['peak'] / GiB:.1f} GiB per GPU, within the {v['budget'] / GiB:.1f} GiB budget"),
+        "more-gpus": lambda: (f"More GPUs: {_gpus_words(v)} with ZeRO-3{split} need {v['peak'] / GiB:.1f} GiB per GPU"),
         "larger-gpu": lambda: (f"A larger GPU: {v['gpu']} ({v['gpu_gib']:.0f} GiB) holds the smallest configuration "
                                f"({v['peak'] / GiB:.1f} GiB)"),
-        "offload-short": lambda: (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory "
-                                  f"still needs {v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB over the "
-                                  "budget."),
-        "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB) but needs "
+        "offload-short": lambda: (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory"
+                                  f"{split} still needs {v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB "
+                                  "over the budget."),
+        "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB{split}) but needs "
                                  f"{v['host_bytes'] / GB:.0f} GB of host memory, more than the "
                                  f"{v['host_budget'] / GB:.0f} GB per node planned for: on a machine with more"),
-        "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {v['peak'] / GiB:.1f} "
-                            f"GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
+        "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory{split} needs "
+                            f"{v['peak'] / GiB:.1f} GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
         "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
-                               f"peak {v['peak'] / GiB:.1f} GiB fits"),
+                               f"peak {v['peak'] / GiB:.1f} GiB{split} fits"),
         "adapters": lambda: ("Adapters instead of full fine-tuning: " + _adapters_tried(v)
                              + (f"; {v[v['fits'] + '_label']} fits one {v['gpu']}" if v.get("gpu") else ", which fits")),
         "adapters-short": lambda: "Adapters do not fit either: " + _adapters_tried(v) + ".",
-        "shorter-sequence": lambda: f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
-                                    "checkpointing",
+        "shorter-sequence": lambda: (f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
+                                     f"checkpointing{split}"),
         "offload-shorter-sequence": lambda: (f"Offload and a shorter sequence: with optimizer and parameters in CPU "
                                              f"memory, {v['seq_len']} tokens fit at micro-batch 1 with full "
-                                             "checkpointing"),
+                                             f"checkpointing{split}"),
     }
     text = texts[s.kind]()
     return f"{text} ({as_flags(s.changes)})." if s.changes else text
