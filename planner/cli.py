@@ -35,6 +35,7 @@ from emit.files import ACCELERATE_CONFIG
 from emit.report import check_report, receipt_rows, report_available, write_report
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
+from planner.hardware.systems import usual_system
 from planner.models.presets import presets
 from planner.receipts import read_receipts
 from planner.render import comparison_table, render_no_fit, render_plan
@@ -383,8 +384,12 @@ def _listing(models: bool, as_json: bool) -> None:
         headers = ("id", "aliases", "published parameters")
     else:
         rows = [{"name": g.name, "memory_GiB": round(g.memory_gib, 1), "bf16": g.bf16,
-                 "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp16": g.peak_tflops_fp16} for g in catalog()]
-        headers = ("name", "memory GiB", "bf16", "bf16 TFLOPS", "fp16 TFLOPS")
+                 "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp16": g.peak_tflops_fp16,
+                 "host_memory_GB": round(usual_system(g.name).host_memory_bytes / 1e9, 1),
+                 "host_system": usual_system(g.name).system, "host_system_gpus": usual_system(g.name).gpus}
+                for g in catalog()]
+        headers = ("name", "memory GiB", "bf16", "bf16 TFLOPS", "fp16 TFLOPS", "host RAM GB per node (assumed)",
+                   "usual system", "its GPUs")
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return

@@ -76,9 +76,21 @@ def _trained(m) -> list[str]:
 def _host(h) -> str:
     source = f"assumed: {h.host_system}; --host-memory sets it" if h.host_memory_source == "assumed" else \
         h.host_memory_source
-    ram = h.host_memory_bytes / 1e9
-    return f"host RAM {ram:,.0f} GB per node ({source})" if ram >= 100 else \
-        f"host RAM {ram:,.1f} GB per node ({source})"
+    return f"host RAM {_host_gb(h.host_memory_bytes)} per node ({source})"
+
+
+def _host_gb(host_bytes: int) -> str:
+    ram = host_bytes / 1e9
+    return f"{ram:,.0f} GB" if ram >= 100 else f"{ram:,.1f} GB"
+
+
+def _host_captions(rows) -> list[str]:
+    """The host RAM each compared GPU was planned with, in the words of the plan's own header line."""
+    assumed = [r for r in rows if r.hardware is not None and r.hardware.host_memory_source == "assumed"]
+    out = [f"host RAM per node (assumed: the GPU's usual system; --host-memory sets it): " + "; ".join(
+        f"{r.gpu} {_host_gb(r.hardware.host_memory_bytes)} ({r.hardware.host_system})" for r in assumed)] \
+        if assumed else []
+    return out + [f"{r.gpu}: {_host(r.hardware)}" for r in rows if r.hardware is not None and r not in assumed]
 
 
 def summary(plan, explain: bool = False) -> Panel:
@@ -345,16 +357,17 @@ def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
             cells.append(_range(r.cost_usd, 1 / high, 1 / low, lambda x: f"{x:,.0f}") if r.cost_usd is not None
                          else "—")
         table.add_row(*cells)
+    captions = _host_captions(rows)
     if priced and any(r.plan is not None and r.cost_usd is None for r in rows):
-        table.caption, table.caption_justify = "USD: — where --price gives none (--price GPU=USD_PER_HOUR)", "left"
+        captions.append("USD: — where --price gives none (--price GPU=USD_PER_HOUR)")
+    table.caption, table.caption_justify = "\n".join(escape(c) for c in captions) or None, "left"
     return table
 
 
 def _why_nothing_fits(row) -> str:
-    """The least a candidate needs against the budget, and the flags of what would fit."""
-    why = (f"the least needs {gib(row.least_peak)} of {gib(row.budget)}" if row.least_peak is not None
-           else row.error)
-    return why + (f"; try {row.suggestion}" if row.suggestion else "")
+    """What the smallest configuration needs against the budget, and the flags of each suggestion, as plan says."""
+    why = f"needs {row.least_peak / GiB:.1f} of {gib(row.budget)}" if row.least_peak is not None else row.error
+    return why + (f"; fits with {' | '.join(row.suggestions)}" if row.suggestions else "")
 
 
 def _range(value: float, low: float, high: float, fmt) -> str:
