@@ -14,7 +14,7 @@ from planner.notes import Lever, Note, Verdict
 from planner.request import as_flags
 from planner import facts
 from planner.uncertainty import BY_ROWS, NO_MARGIN
-from planner.vocab import DEEPSPEED, ESTIMATE, FULL, NO_CHECKPOINTING, PACKING
+from planner.vocab import DEEPSPEED, ESTIMATE, FULL, NO_CHECKPOINTING, OFFLOAD_ALL, PACKING
 
 GiB = 2**30
 GB = 10**9  # host memory is in GB, as --host-memory and the machines' specs give it
@@ -706,28 +706,32 @@ def suggestion_text(s: Lever) -> str:
     """The suggestion's sentence, ending with the flags that make the plan fit."""
     v = s.values
     split = _split_words(v)
+    zero = v.get("zero", 3 if v.get("zero3") else 0)
+    offloaded = (f"ZeRO-{zero} with "
+                 f"{'optimizer and parameters' if v.get('offloaded', OFFLOAD_ALL) == OFFLOAD_ALL else 'the optimizer'}"
+                 " in CPU memory")
     checkpointing = "no" if v.get("checkpointing") == NO_CHECKPOINTING else v.get("checkpointing", FULL)
     smallest = (f"The smallest configuration{' your pinned choices allow' if v.get('pinned') else ''} (micro-batch "
                 f"{v.get('micro_batch', 1)}, {checkpointing} checkpointing, {v.get('precision')}"
-                f"{', ZeRO-3' if v.get('zero3') else ''}{split}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
+                f"{f', ZeRO-{zero}' if zero else ''}{split}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
     texts = {
         "pinned": lambda: (f"{smallest} and fits the {v['budget'] / GiB:.1f} GiB budget: the choices you pinned "
                            "(micro-batch, precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin "
                            "fewer of them."),
         "smallest": lambda: f"{smallest}; the budget is {v['budget'] / GiB:.1f} GiB.",
         "split": lambda: (f"Split each sequence {v['ways']} ways{' ' + split[split.index('('):] if split else ''}: "
-                          f"micro-batch {v['micro_batch']} with {checkpointing} checkpointing and ZeRO-3 needs "
+                          f"micro-batch {v['micro_batch']} with {checkpointing} checkpointing and ZeRO-{zero} needs "
                           f"{v['peak'] / GiB:.1f} GiB per GPU, within the {v['budget'] / GiB:.1f} GiB budget"),
-        "more-gpus": lambda: (f"More GPUs: {_gpus_words(v)} with ZeRO-3{split} need {v['peak'] / GiB:.1f} GiB per GPU"),
+        "more-gpus": lambda: (f"More GPUs: {_gpus_words(v)} with ZeRO-{zero}{split} need {v['peak'] / GiB:.1f} GiB "
+                              "per GPU"),
         "larger-gpu": lambda: (f"A larger GPU: {v['gpu']} ({v['gpu_gib']:.0f} GiB) holds the smallest configuration "
                                f"({v['peak'] / GiB:.1f} GiB)"),
-        "offload-short": lambda: (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory"
-                                  f"{split} still needs {v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB "
-                                  "over the budget."),
+        "offload-short": lambda: (f"Offload alone is not enough: {offloaded}{split} still needs "
+                                  f"{v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB over the budget."),
         "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB{split}) but needs "
                                  f"{v['host_bytes'] / GB:.0f} GB of host memory, more than the "
                                  f"{v['host_budget'] / GB:.0f} GB per node planned for: on a machine with more"),
-        "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory{split} needs "
+        "offload": lambda: (f"Offload: {offloaded}{split} needs "
                             f"{v['peak'] / GiB:.1f} GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
         "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
                                f"peak {v['peak'] / GiB:.1f} GiB{split} fits"),

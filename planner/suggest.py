@@ -2,10 +2,10 @@
 adapters, a shorter sequence.
 
 Each suggestion is computed with the same memory model as the plan (traced where it can be), at the smallest
-micro-batch, with full checkpointing (the least memory any candidate can have), with each sequence whole or split as
-the plan would split it (the split pinned, else the widest each library runs within a node, from AUTO_SPLIT_FROM
-tokens), and says its numbers. The shorter-sequence figure comes from a quadratic fit of three traced sequence
-lengths.
+micro-batch, with full checkpointing (the least memory any candidate can have) unless the request pinned otherwise
+(a re-plan with the suggestion's flags keeps its pins), with each sequence whole or split as the plan would split it
+(the split pinned, else the widest each library runs within a node, from AUTO_SPLIT_FROM tokens), and says its
+numbers. The shorter-sequence figure comes from a quadratic fit of three traced sequence lengths.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ class Splits:
     modes: dict[str, str]            # the request's --context-parallel / --sequence-parallel values
     problem: Callable[[str, int, int, int], str | None]
 
-    def options(self, world: int, per_node: int, seq_len: int | None = None, across_nodes: bool = False) -> list[Split]:
+    def options(self, world: int, per_node: int, across_nodes: bool = False) -> list[Split]:
         """The splits to weigh on `world` GPUs, `per_node` to a node: the pinned one, else the widest of each kind
         within a node (and, `across_nodes`, the widest over all the GPUs), narrowest first."""
-        seq = seq_len or self.seq_len
+        seq = self.seq_len
         if self.pinned:
             return [self.pinned] if not self.problem(*self.pinned, world, seq) else []
         if seq < AUTO_SPLIT_FROM:
@@ -90,9 +90,11 @@ class Least:
         return self.estimate.peak
 
     def split_values(self) -> dict:
-        """The split as a suggestion's values: ways (1: whole sequences) and by (context | sequence)."""
+        """The split as a suggestion's values: ways (1: whole sequences) and by (context | sequence), with the ZeRO
+        stage and what is offloaded."""
         field, size = self.split or (CONTEXT_PARALLEL, 1)
-        return {"ways": size, "by": "context" if field == CONTEXT_PARALLEL else "sequence"}
+        return {"ways": size, "by": "context" if field == CONTEXT_PARALLEL else "sequence",
+                "zero": self.config.zero_stage, "offloaded": self.config.offload}
 
     def values(self, budget: int, pinned: bool) -> dict:
         """What the smallest configuration's sentence says: its settings, its peak against the budget."""
@@ -435,8 +437,10 @@ def _fitted_length(evaluation, cfg, best, below: int, budget: int, step: int = 6
 def _variant(evaluator, *, resolved=None, optimizer: str | None = None, seq_len: int | None = None,
              gpus_per_node: int | None = None) -> MemoryEvaluator:
     """The plan's evaluation with another model (its adapters), optimizer, sequence length or node size, everything
-    else the same (traces are shared)."""
+    else the same (traces are shared); the plan's own evaluator where nothing differs."""
     base = evaluator.evaluation
+    if (resolved, optimizer, seq_len) == (None, None, None) and gpus_per_node in (None, base.gpus_per_node):
+        return evaluator
     return MemoryEvaluator(Evaluation(resolved or base.resolved, seq_len=seq_len or base.seq_len,
                                       optimizer=optimizer or base.optimizer, attention=base.attention,
                                       gpus_per_node=gpus_per_node or base.gpus_per_node, gpu=base.gpu),

@@ -34,6 +34,8 @@ REQUESTS = {
     "8b-on-l40s": dict(model=LLAMA_8B, global_batch=256, gpu="L40S-48GB"),
     "70b-on-a-4090": dict(model="meta-llama/Llama-3.1-70B", global_batch=64, gpu="RTX4090-24GB"),
     "8b-no-checkpointing-on-l40s": dict(model=LLAMA_8B, global_batch=8, gpu="L40S-48GB", checkpointing="none"),
+    "8b-zero-2-on-two-l40s": dict(model=LLAMA_8B, global_batch=8, gpu="L40S-48GB", gpus_per_node=2, zero_stage=2,
+                                  host_memory=64 * 10**9),
     "8b-fp32-on-two-t4s": dict(model=LLAMA_8B, global_batch=8, gpu="T4-16GB", gpus_per_node=2, precision="fp32"),
     "70b-fp8-without-offload": dict(model="meta-llama/Llama-3.1-70B", global_batch=8, gpu="H100-80GB",
                                     precision="fp8", offload="none"),
