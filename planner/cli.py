@@ -36,10 +36,11 @@ from emit.files import ACCELERATE_CONFIG
 from emit.report import check_report, receipt_rows, report_available, write_report
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
+from planner.hardware.systems import usual_system
 from planner.models.presets import presets
 from planner.render import comparison_table, launch_preview, render_no_fit, render_plan
 from planner.request import PlanRequest, flag_of, input_error, option
-from planner.vocab import LAUNCHER, NO_OFFLOAD, SLURM, Launcher, choices_text
+from planner.vocab import LAUNCHER, NO_OFFLOAD, PACKAGE, SLURM, Launcher, choices_text
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
@@ -196,7 +197,7 @@ def _run(values: dict, run: RunOptions, script_args: list[str]) -> None:
     if emit_dir is not None:
         result = result.model_copy(update={"files": tuple(emit(result, emit_dir, options))})
         if run.emit_dir is not None and not report_available():
-            _stderr().print('note: plan.html not written: pip install -e ".[report]" writes it')
+            _stderr().print(f"note: plan.html not written: {escape(PACKAGE['matplotlib'].install)} writes it")
     if run.report is not None:
         page = write_report(result, run.report, receipts=receipt_rows(result), force=run.force)
         result = result.model_copy(update={"files": (*result.files, page)})
@@ -406,8 +407,12 @@ def _listing(models: bool, as_json: bool) -> None:
         headers = ("id", "aliases", "published parameters")
     else:
         rows = [{"name": g.name, "memory_GiB": round(g.memory_gib, 1), "bf16": g.bf16,
-                 "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp16": g.peak_tflops_fp16} for g in catalog()]
-        headers = ("name", "memory GiB", "bf16", "bf16 TFLOPS", "fp16 TFLOPS")
+                 "peak_tflops_bf16": g.peak_tflops_bf16, "peak_tflops_fp16": g.peak_tflops_fp16,
+                 "host_memory_GB": round(usual_system(g.name).host_memory_bytes / 1e9, 1),
+                 "host_system": usual_system(g.name).system, "host_system_gpus": usual_system(g.name).gpus}
+                for g in catalog()]
+        headers = ("name", "memory GiB", "bf16", "bf16 TFLOPS", "fp16 TFLOPS", "host RAM GB per node (assumed)",
+                   "usual system", "its GPUs")
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return

@@ -35,7 +35,7 @@ import numpy as np
 
 from planner.cache import load_json, store_json
 from planner.errors import InputError
-from planner.vocab import GROUPED, LONGEST, PACKING, PADDING, PADDING_FREE, Padding  # noqa: F401 - re-exported
+from planner.vocab import GROUPED, LONGEST, PACKAGE, PACKING, PADDING, PADDING_FREE, Padding  # noqa: F401 - re-exported
 
 
 #: Sorted (length, count) pairs: how many samples have each token length.
@@ -49,7 +49,7 @@ TOKENIZE_BATCH = 1_000       # texts per tokenizer call
 SAMPLE_SEED = 0              # the row sample of a large set, and the grouping simulation, are seeded
 SIMULATED_SAMPLES = 20_000   # samples the group_by_length simulation runs over (repeated epochs of a smaller set)
 FILE_FORMATS = (".jsonl", ".json", ".csv", ".parquet")
-DATA_EXTRA = 'pip install -e ".[data]"'
+DATA_EXTRA = PACKAGE["datasets"].install
 DATASET_FLAG, FIELD_FLAG, TOKENIZER_FLAG = "--dataset", "--text-field", "--tokenizer"
 TOKEN_IDS = "input_ids"      # the column of a pre-tokenised dataset: each row's token ids, counted as they are
 

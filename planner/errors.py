@@ -14,12 +14,15 @@ class TrainplanError(Exception):
     exit_code = 2
 
     def __init__(self, message: str, *, flag: str | None = None, hint: str | None = None,
-                 keyword: str | None = None):
+                 keyword: str | None = None, changes: dict | None = None):
         super().__init__(message)
         self.message = message
         self.flag = flag
         self.hint = hint
         self.keyword = keyword  # the library argument to fix, where it is not the flag's field (Plan.emit's folder)
+        #: the request's fields that, changed so, get past this error: the flags the hint names, as values (None:
+        #: drop the flag), which tests/test_hints_replan.py gives back to `plan`
+        self.changes = dict(changes or {})
 
     def __str__(self) -> str:
         """The error as a library caller reads it: the keyword to fix where one is named, else the flag."""

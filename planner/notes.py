@@ -87,14 +87,17 @@ class Note(_Record):
     """One note: its kind and the numbers (and names) its sentence is made of."""
 
     kind: NoteKind
+    #: where the sentence offers flags: the request's fields that, changed so, plan what it says (re-planned by
+    #: tests/test_hints_replan.py); {} for a statement
+    changes: dict[str, Value] = {}
 
     @property
     def actionable(self) -> bool:
         return NOTE[self.kind].actionable
 
 
-def note(kind: str, **values: Value) -> Note:
-    return Note(kind=kind, values=values)
+def note(kind: str, changes: dict[str, Value] | None = None, **values: Value) -> Note:
+    return Note(kind=kind, values=values, changes=changes or {})
 
 
 #: Why a candidate fits or not.
@@ -160,6 +163,7 @@ class Verdict(BaseModel):
 LEVER: dict[str, str] = {
     "pinned": "the smallest configuration fits: the pinned choices rule it out",
     "smallest": "what the smallest configuration needs",
+    "split": "each sequence split across more of these GPUs (or split at all) fits",
     "more-gpus": "more GPUs with ZeRO-3",
     "larger-gpu": "a larger GPU",
     "offload-short": "full offload is still over the budget",

@@ -19,7 +19,7 @@ from planner import hardware as hw
 from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.hardware.efficiency_data import efficiency_of
-from planner.hardware.systems import usual_system
+from planner.hardware.systems import system_for
 from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
 from planner.dataset import DatasetLengths, load_lengths, mean_length, packing_waste, padding_waste
@@ -37,16 +37,17 @@ from planner.request import PlanRequest, flag_of, prediction_request
 from planner.search import MemoryEvaluator, SearchSpace, nearest_valid_batches, rank, search, speed_of
 from planner.speed.data import DataSpeed
 from planner.speed.model import SpeedModel
-from planner.suggest import suggestions
+from planner.suggest import Pins, Splits, suggestions
 from planner.uncertainty import Stratum, bar_for
 from planner.types import (
     Candidate, DatasetSummary, ErrorBar, Hardware, LearningRate, ModelInfo, Plan, ReceiptCheck, Requirement,
     SpeedCorrection,
 )
 from planner.vocab import (
-    ADAPTER, ATTENTION, AUTO, AUTO_SPLIT_FROM, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, DEEPSPEED,
-    DEFAULT_PRECISION, EAGER, ENGINE, FP32, FULL, GROUPED, LIGER, LONGEST, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE,
-    PACKING, PADDING, PADDING_FREE, PRECISION, SDPA, SPLIT_OFF, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
+    ADAPTER, ATTENTION, AUTO, AUTO_SPLIT_FROM, BF16_MIXED, CHECKPOINTING, COMPILE, COMPILE_OFF, COMPILE_ON, DEEPSPEED,
+    DEFAULT_PRECISION, EAGER, ENGINE, FLASH, FP16_MIXED, FP32, FULL, GROUPED, LIGER, LIGER_OFF, LIGER_ON, LONGEST,
+    NO_ADAPTER, NO_OFFLOAD, OFFLOAD, OPTIMIZER, PACKAGE, PACKING, PADDING, PADDING_FREE, PRECISION, SDPA, SPLIT_FIELDS,
+    SPLIT_OFF, TASK, TF32, TOKEN_LABELS, TOKEN_TARGETS,
 )
 
 
@@ -122,7 +123,7 @@ def plan_request(request: PlanRequest, *, measure: Callable | None = None, progr
                  request=prediction_request(request))
     if not ranked[0].fits:
         levers = suggestions(draft, job.evaluator, job.gpu, request.offload,
-                             "max_length" if job.data else "seq_len")
+                             "max_length" if job.data else "seq_len", advice_splits(job), advice_pins(request))
         raise NoFitError(no_fit_message(draft), suggestions=[suggestion_text(s) for s in levers], plan=draft,
                          levers=levers)
     if measure is not None:
@@ -146,7 +147,7 @@ def resolve_hardware(request: PlanRequest, detect: bool) -> Hardware:
     budget = int(entry.memory_bytes * (1 - headroom))
     if is_local and detected.free_bytes:
         budget = min(budget, int(min(detected.free_bytes) * (1 - headroom)))
-    system = usual_system(entry.name)
+    system = system_for(entry.name, count)
     if request.host_memory is not None:
         host, source = request.host_memory, "given"
     elif is_local and (local := _local_host_memory()):
@@ -229,7 +230,9 @@ def dataset_lengths(request: PlanRequest, spec, progress: Callable | None) -> Da
                            max_rows=request.dataset_rows or DEFAULT_DATASET_ROWS, progress=report)
     max_length = request.max_length or spec.max_positions or lengths.max
     if spec.max_positions and max_length > spec.max_positions:
-        raise InputError(f"{max_length} tokens exceed the model's {spec.max_positions} positions", flag="--max-length")
+        raise InputError(f"{max_length} tokens exceed the model's {spec.max_positions} positions", flag="--max-length",
+                         hint=f"Use --max-length {spec.max_positions} or less.",
+                         changes={"max_length": spec.max_positions})
     return DataLengths(lengths=lengths, max_length=max_length, seq_len=min(max_length, lengths.max),
                        pack_len=request.max_length or min(max_length, lengths.max))
 
@@ -242,7 +245,9 @@ def data_tokenizer(request: PlanRequest, spec) -> str:
 def _sequence(seq_len: int | None, spec) -> int:
     s = seq_len or spec.seq_len
     if spec.max_positions and s > spec.max_positions:
-        raise InputError(f"sequence length {s} exceeds the model's {spec.max_positions} positions", flag="--seq-len")
+        raise InputError(f"sequence length {s} exceeds the model's {spec.max_positions} positions", flag="--seq-len",
+                         hint=f"Use --seq-len {spec.max_positions} or less, or a model folder whose config.json "
+                              "allows more positions.", changes={"seq_len": spec.max_positions})
     return s
 
 
@@ -270,10 +275,13 @@ def search_space(job: Job) -> SearchSpace:
     if dp is None:
         low, high = nearest_valid_batches(batch, ranks[0])
         raise InputError(f"global batch {batch} is not divisible by {ranks[0]} data-parallel GPUs", flag="--batch",
-                         hint=f"Use a multiple of {ranks[0]}: the nearest are {low} and {high}.")
+                         hint=f"Use a multiple of {ranks[0]}: the nearest are --batch {low} and --batch {high}.",
+                         changes={"global_batch": high})
     if request.micro_batch and (batch // dp) % request.micro_batch:
+        fitting = max(d for d in range(1, request.micro_batch) if (batch // dp) % d == 0)
         raise InputError(f"micro-batch {request.micro_batch} does not divide the per-GPU batch {batch // dp}",
-                         flag="--micro-batch", hint="Pick a divisor of global batch / number of GPUs.")
+                         flag="--micro-batch", hint=f"Pick a divisor of global batch / number of GPUs, e.g. "
+                                                    f"--micro-batch {fitting}.", changes={"micro_batch": fitting})
     offloads = tuple(OFFLOAD) if request.offload == AUTO else (request.offload,)
     return SearchSpace(
         global_batch=batch, world_size=world, gpus_per_node=hardware.gpus_per_node,
@@ -315,7 +323,8 @@ def paddings(job: Job) -> tuple[str | None, ...]:
         return usable
     if pinned not in usable:
         raise InputError(f"{job.spec.architecture} with {job.attention} attention would let {pinned} rows' samples "
-                         "attend to each other", flag="--padding", hint="Use --attention flash, or --padding longest.")
+                         "attend to each other", flag="--padding", hint="Use --attention flash, or --padding longest.",
+                         changes={"padding": LONGEST})
     return (pinned,)
 
 
@@ -325,11 +334,14 @@ def _zero_stages(value: int | None, world: int, offloads: tuple[str, ...], engin
     if value is None:
         return stages if world > 1 else tuple(s for s in stages if s != 1)
     if value not in stages:
+        nearest = min(stages, key=lambda stage: (abs(stage - value), -stage))
         raise InputError(f"the {engine} engine has no stage {value}", flag="--zero-stage",
-                         hint=f"Use one of {', '.join(map(str, stages))}, or another --engine.")
+                         hint=f"Use one of {', '.join(map(str, stages))} (--zero-stage {nearest} is the nearest), or "
+                              "another --engine.", changes={"zero_stage": nearest})
     redundant = [Config.sharding_redundant(world, value, offload) for offload in offloads]
     if value > 0 and all(redundant):
-        raise InputError(redundant[0], flag="--zero-stage", hint="Drop --no-offload, or use --zero-stage 0.")
+        raise InputError(redundant[0], flag="--zero-stage", hint="Drop --no-offload, or use --zero-stage 0.",
+                         changes={"zero_stage": 0})
     return (value,)
 
 
@@ -343,18 +355,41 @@ def _precisions(precision: str, gpu, attention: str, spec) -> tuple[str, ...]:
                   if info.in_auto and not (info.float8 and (torchao_missing() or not converted))]
     else:
         wanted = [precision]
-    if PRECISION[wanted[0]].float8 and not converted:
-        raise InputError(f"accelerate's float8 filter converts none of {spec.name}'s layers: torchao swaps nn.Linear "
-                         "layers whose dimensions divide by 16, not the first or the last", flag="--precision",
-                         hint="Use bf16-mixed.")
     problems = {p: gpu.cannot_run(p, attention) for p in wanted}
     usable = tuple(p for p in wanted if not problems[p])
     if not usable:
-        problem = problems[wanted[0]]
-        flag = "--attention" if "FlashAttention" in problem else "--precision"
-        raise InputError(problem, flag=flag, hint="Use fp16-mixed (with loss scaling) or fp32."
-                         if flag == "--precision" else "Use --attention sdpa.")
+        if gpu.cannot_run(wanted[0]) is None:  # the precision runs here, the attention kernel does not
+            raise InputError(problems[wanted[0]], flag="--attention", hint="Use --attention sdpa.",
+                             changes={"attention": SDPA})
+        raise _precision_refused(problems[wanted[0]], wanted[0], gpu, attention)
+    if PRECISION[wanted[0]].float8 and not converted:
+        raise _precision_refused(f"accelerate's float8 filter converts none of {spec.name}'s layers: torchao swaps "
+                                 "nn.Linear layers whose dimensions divide by 16, not the first or the last",
+                                 wanted[0], gpu, attention)
+    if precision != AUTO and (problem := _adapter_problem(precision, spec.adapter)):
+        raise _precision_refused(problem, precision, gpu, attention, spec.adapter)
     return _without_loss_scaling_twins(usable) if precision == AUTO else usable
+
+
+def _precision_refused(problem: str, precision: str, gpu, attention: str, adapter: str = NO_ADAPTER) -> InputError:
+    """`precision` refused: the hint offers the nearest precision this GPU runs (with the adapter, where one trains),
+    and, where the adapter rules `precision` out, training without it."""
+    nearest = next((p for p in (gpu.nearest_precision(precision, attention), BF16_MIXED, FP16_MIXED)
+                    if p and not gpu.cannot_run(p, attention) and not _adapter_problem(p, adapter)), None)
+    if nearest is None:
+        return InputError(problem, flag="--precision")
+    scaled = "; fp16 trains with dynamic loss scaling" if PRECISION[nearest].loss_scaling else ""
+    with_adapter = f" with --peft {adapter}" if adapter != NO_ADAPTER else ""
+    hint = f"Use --precision {nearest} (the nearest precision {gpu.name} runs{with_adapter}{scaled})"
+    hint += f", or drop --peft to train in {precision}." if adapter != NO_ADAPTER else "."
+    return InputError(problem, flag="--precision", hint=hint, changes={"precision": nearest})
+
+
+def _adapter_problem(precision: str, adapter: str) -> str | None:
+    """Why `precision` cannot train `adapter` on one GPU (`Config.adapter_problem`: fp8 with adapters, QLoRA in
+    fp32)."""
+    return Config.of(micro_batch=1, grad_accum=1, world_size=1, precision=precision, checkpointing=FULL, zero_stage=0,
+                     offload=NO_OFFLOAD).adapter_problem(adapter)
 
 
 def _without_loss_scaling_twins(precisions: tuple[str, ...]) -> tuple[str, ...]:
@@ -385,7 +420,8 @@ def _liger(job: Job) -> tuple[bool, ...]:
         return LIGER[mode].candidates
     if mode == AUTO:
         return (False,)
-    raise InputError(f"Liger-Kernel does not apply: {problem}", flag="--liger", hint="Use --liger off (or auto).")
+    raise InputError(f"Liger-Kernel does not apply: {problem}", flag="--liger", hint="Use --liger off (or auto).",
+                     changes={"liger": LIGER_OFF})
 
 
 def tensor_parallel_splits(job: Job) -> dict:
@@ -429,14 +465,17 @@ def sequence_splits(job: Job) -> dict:
     pinned = {field: request.split_sizes(field) for field in SPLIT_FIELDS}
     if all(pinned.values()):  # accelerate/parallelism_config.py:328-334
         raise InputError("context and sequence parallelism are mutually exclusive", flag="--sequence-parallel",
-                         hint="Pin one of --context-parallel and --sequence-parallel.")
+                         hint=f"Pin one of them: --sequence-parallel {AUTO} keeps the --context-parallel split.",
+                         changes={"sequence_parallel": AUTO})
     out = {"whole_sequences": not any(pinned.values())}
     for field in SPLIT_FIELDS:
         size, mode = pinned[field], getattr(request, field)
         if size is not None:
             problem = split_problem(job, field, size, world)
             if problem:
-                raise InputError(problem, flag=flag_of(PlanRequest, field), hint="Use another size, or off.")
+                flag = flag_of(PlanRequest, field)
+                raise InputError(problem, flag=flag, hint=f"Use another size, or {flag} {SPLIT_OFF}.",
+                                 changes={field: SPLIT_OFF})
             out[field] = (size,)
         elif mode == AUTO and job.seq_len >= AUTO_SPLIT_FROM and not any(pinned.values()):
             out[field] = tuple(n for n in range(2, min(world, job.hardware.gpus_per_node) + 1)
@@ -444,9 +483,26 @@ def sequence_splits(job: Job) -> dict:
     return out
 
 
-def split_problem(job: Job, field: str, size: int, world: int) -> str | None:
-    """Why `size` GPUs cannot split each sequence this way for this model, attention and sequence, or None."""
-    spec, config, seq = job.spec, job.resolved.config, job.seq_len
+def advice_pins(request: PlanRequest) -> Pins:
+    """What the request pinned, which the no-fit advice keeps (a re-plan with a suggestion's flags keeps it too)."""
+    return Pins(precision=None if request.precision == AUTO else request.precision,
+                checkpointing=request.checkpointing, micro_batch=request.micro_batch, zero_stage=request.zero_stage,
+                engine=request.engine)
+
+
+def advice_splits(job: Job) -> Splits:
+    """The sequence splits the no-fit advice weighs: the request's pin, else those auto weighs (any size the
+    libraries run, `split_problem`)."""
+    request = job.request
+    pinned = next(((field, size) for field in SPLIT_FIELDS if (size := request.split_sizes(field))), None)
+    return Splits(seq_len=job.seq_len, pinned=pinned, modes={field: getattr(request, field) for field in SPLIT_FIELDS},
+                  problem=lambda field, size, world, seq_len: split_problem(job, field, size, world, seq_len))
+
+
+def split_problem(job: Job, field: str, size: int, world: int, seq_len: int | None = None) -> str | None:
+    """Why `size` GPUs cannot split each sequence this way for this model, attention and sequence (the plan's, or
+    `seq_len`), or None."""
+    spec, config, seq = job.spec, job.resolved.config, seq_len or job.seq_len
     ring = field == "context_parallel"
     if world % size:
         return f"{size} does not divide the {world} GPUs"
@@ -468,9 +524,6 @@ def split_problem(job: Job, field: str, size: int, world: int) -> str | None:
     if not ring and seq % size:  # ulysses_sp.py:706-707
         return f"the sequence ({seq:,} tokens) must divide by {size}"
     return None
-
-
-SPLIT_FIELDS = ("context_parallel", "sequence_parallel")
 
 
 def _refused_layer_types(config, ring: bool) -> list[str]:
@@ -574,8 +627,8 @@ def _tf32_note(job: Job, choice: Candidate) -> list[Note]:
     if job.request.precision != FP32 or job.gpu.cannot_run(TF32) or not choice.fits or choice.throughput is None:
         return []
     faster = job.speed(choice.config.model_copy(update={"precision": TF32})).step_time_s
-    return [note("tf32-gain", gpu=job.gpu.name, tf32_step_s=faster, step_s=choice.throughput.step_time_s,
-                 gain=choice.throughput.step_time_s / faster)]
+    return [note("tf32-gain", {"precision": TF32}, gpu=job.gpu.name, tf32_step_s=faster,
+                 step_s=choice.throughput.step_time_s, gain=choice.throughput.step_time_s / faster)]
 
 
 def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
@@ -590,8 +643,10 @@ def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
                           plain=plain.config.label() if plain else None))
     if cfg.sequence_split > 1 and choice.fits:
         whole = next((c for c in ranked if c.fits and c.config.sequence_split == 1 and c.throughput), None)
+        narrowest = min(c.config.sequence_split for c in ranked if c.fits)
         notes.append(note("sequence-split", by="context" if cfg.context_parallel > 1 else "sequence",
-                          split=cfg.sequence_split, seq_len=job.seq_len, per_gpu=job.seq_len // cfg.sequence_split,
+                          split=cfg.sequence_split, narrowest=narrowest, seq_len=job.seq_len,
+                          per_gpu=job.seq_len // cfg.sequence_split,
                           gpus=job.hardware.gpus_per_node * job.hardware.nodes, gpu=job.gpu.name,
                           whole=whole.config.label() if whole else None,
                           pinned=any(job.request.split_sizes(field) for field in SPLIT_FIELDS),
@@ -649,7 +704,8 @@ def _liger_notes(job: Job, choice: Candidate) -> list[Note]:
         return [note("liger", patches=patches.names(), source=patches.source, unmodelled="; ".join(patches.unmodelled))]
     if job.request.liger == AUTO and applies(config, job.gpu, check_installed=False) is None \
             and applies(config, job.gpu) is not None:
-        return [note("liger-available", model_type=patches.model_type, patches=patches.names())]
+        return [note("liger-available", {"liger": LIGER_ON}, model_type=patches.model_type, patches=patches.names(),
+                     install=PACKAGE["liger-kernel"].install)]
     return []
 
 
@@ -667,7 +723,7 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
     if job.request.precision == AUTO and torchao_missing():
         if choice.config.model_copy(update={"precision": fp8}).adapter_problem(job.spec.adapter):
             return []
-        return [note("fp8-available", gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
+        return [note("fp8-available", {"precision": fp8}, gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
     if choice.config.precision == fp8:
         other = choice.config.model_copy(update={"precision": BF16_MIXED})
         if other.problem() or choice.throughput is None:
@@ -681,10 +737,12 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
         return [note("fp8-not-planned", why=alike.problem() or alike.adapter_problem(job.spec.adapter)
                      or "no fp8 configuration fits")]
     best = lost[0]  # compiling it is not timed here: analysing the compiled program takes seconds
-    return [note("fp8-lost", converted=linears.converted_layers, linears=linears.total_layers,
-                 label=best.config.label(), tokens_per_s=best.throughput.useful_tokens_per_s,
+    weighed = True in _compiled(job.request.compile, job.run_steps)
+    return [note("fp8-lost", {"compile": COMPILE_ON} if not (best.config.compiled or weighed) else None,
+                 converted=linears.converted_layers, linears=linears.total_layers, label=best.config.label(),
+                 tokens_per_s=best.throughput.useful_tokens_per_s,
                  chosen_tokens_per_s=choice.throughput.useful_tokens_per_s, eager=not best.config.compiled,
-                 compile_weighed=True in _compiled(job.request.compile, job.run_steps))]
+                 compile_weighed=weighed)]
 
 
 def _qlora_notes(job: Job) -> list[Note]:
@@ -704,7 +762,7 @@ def _compile_notes(job: Job, choice: Candidate) -> tuple[Note, ...]:
     if compile_ == COMPILE_OFF or not choice.fits or choice.throughput is None:
         return ()
     if run_steps is None and compile_ == AUTO:  # tracing the compiled program costs seconds: only when it is weighed
-        return (note("compile-not-weighed"),)
+        return (note("compile-not-weighed", {"compile": COMPILE_ON}),)
     cfg, spec = choice.config, job.spec
     effect = job.speed.workload.compile_effect(cfg)
     if effect is None:
@@ -804,7 +862,8 @@ def _data_notes(result: Plan, job: Job) -> tuple[Note, ...]:
         notes += (note("padding", padding=padding, waste=data.padding_waste[padding],
                        longest_waste=data.padding_waste[LONGEST]),)
     if PACKING not in paddings(job):
-        notes += (note("packing-unavailable", attention=job.attention, model=job.spec.architecture),)
+        notes += (note("packing-unavailable", {"attention": FLASH}, attention=job.attention,
+                       model=job.spec.architecture),)
     return notes
 
 

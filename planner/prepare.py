@@ -38,7 +38,7 @@ from planner.speed.step import ThroughputInfo
 from planner.train_data import collator, train_rows
 from planner.uncertainty import NO_MARGIN
 from planner.vocab import (
-    ATTENTION, CHECKPOINTING, CLASS_LABELS, DEEPSPEED, FSDP, OPTIMIZER, PACKING, PADDING_FREE, PRECISION, TASK,
+    ATTENTION, CHECKPOINTING, CLASS_LABELS, DEEPSPEED, FSDP, OPTIMIZER, PACKAGE, PACKING, PADDING_FREE, PRECISION, TASK,
     TOKEN_LABELS, TP_PLAN_AUTO,
 )
 
@@ -149,7 +149,7 @@ class LoadedPlan:
             cls = getattr(importlib.import_module(module), name)
         except ImportError as err:
             raise InputError(f"{self.optimizer} needs {module.split('.')[0]}", flag="--optimizer",
-                             hint=f"pip install {module.split('.')[0]}") from err
+                             hint=PACKAGE[info.package].install if info.package else None) from err
         import dataclasses
 
         from transformers import TrainingArguments
@@ -282,11 +282,11 @@ class LoadedPlan:
 
     def sft_config(self, **overrides):
         """TRL's SFTConfig for the plan: the Trainer's arguments, the rows' max_length, and packing or padding-free
-        batches where the plan chose them (trl/trainer/sft_config.py). Needs TRL (`pip install trl`)."""
+        batches where the plan chose them (trl/trainer/sft_config.py). Needs TRL (the `trl` extra)."""
         try:
             from trl import SFTConfig
         except ImportError as err:
-            raise InputError("plan.sft_config() needs TRL", flag="--dataset", hint="pip install trl") from err
+            raise InputError("plan.sft_config() needs TRL", flag="--dataset", hint=PACKAGE["trl"].install) from err
         padding = self.data["choice"].get("padding")
         fields = {"max_length": self.seq_len, "packing": padding == PACKING, "padding_free": padding == PADDING_FREE}
         return self._with_float8(SFTConfig(**(self.training_arguments_dict() | fields | overrides)))

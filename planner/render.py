@@ -16,7 +16,7 @@ from planner.notes import Lever, Note, Verdict
 from planner.request import as_flags
 from planner import facts
 from planner.uncertainty import BY_ROWS, NO_MARGIN
-from planner.vocab import DEEPSPEED, ESTIMATE, PACKING
+from planner.vocab import DEEPSPEED, ESTIMATE, FULL, NO_CHECKPOINTING, OFFLOAD_ALL, PACKING
 
 GiB = 2**30
 GB = 10**9  # host memory is in GB, as --host-memory and the machines' specs give it
@@ -78,9 +78,21 @@ def _trained(m) -> list[str]:
 def _host(h) -> str:
     source = f"assumed: {h.host_system}; --host-memory sets it" if h.host_memory_source == "assumed" else \
         h.host_memory_source
-    ram = h.host_memory_bytes / 1e9
-    return f"host RAM {ram:,.0f} GB per node ({source})" if ram >= 100 else \
-        f"host RAM {ram:,.1f} GB per node ({source})"
+    return f"host RAM {_host_gb(h.host_memory_bytes)} per node ({source})"
+
+
+def _host_gb(host_bytes: int) -> str:
+    ram = host_bytes / 1e9
+    return f"{ram:,.0f} GB" if ram >= 100 else f"{ram:,.1f} GB"
+
+
+def _host_captions(rows) -> list[str]:
+    """The host RAM each compared GPU was planned with, in the words of the plan's own header line."""
+    assumed = [r for r in rows if r.hardware is not None and r.hardware.host_memory_source == "assumed"]
+    out = [f"host RAM per node (assumed: the GPU's usual system; --host-memory sets it): " + "; ".join(
+        f"{r.gpu} {_host_gb(r.hardware.host_memory_bytes)} ({r.hardware.host_system})" for r in assumed)] \
+        if assumed else []
+    return out + [f"{r.gpu}: {_host(r.hardware)}" for r in rows if r.hardware is not None and r not in assumed]
 
 
 def summary(plan, explain: bool = False) -> Panel:
@@ -349,16 +361,17 @@ def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
             cells.append(_range(r.cost_usd, 1 / high, 1 / low, lambda x: f"{x:,.0f}") if r.cost_usd is not None
                          else "—")
         table.add_row(*cells)
+    captions = _host_captions(rows)
     if priced and any(r.plan is not None and r.cost_usd is None for r in rows):
-        table.caption, table.caption_justify = "USD: — where --price gives none (--price GPU=USD_PER_HOUR)", "left"
+        captions.append("USD: — where --price gives none (--price GPU=USD_PER_HOUR)")
+    table.caption, table.caption_justify = "\n".join(escape(c) for c in captions) or None, "left"
     return table
 
 
 def _why_nothing_fits(row) -> str:
-    """The least a candidate needs against the budget, and the flags of what would fit."""
-    why = (f"the least needs {gib(row.least_peak)} of {gib(row.budget)}" if row.least_peak is not None
-           else row.error)
-    return why + (f"; try {row.suggestion}" if row.suggestion else "")
+    """What the smallest configuration needs against the budget, and the flags of each suggestion, as plan says."""
+    why = f"needs {row.least_peak / GiB:.1f} of {gib(row.budget)}" if row.least_peak is not None else row.error
+    return why + (f"; fits with {' | '.join(row.suggestions)}" if row.suggestions else "")
 
 
 def _range(value: float, low: float, high: float, fmt) -> str:
@@ -566,7 +579,7 @@ NOTE_TEXT = {
     "liger": lambda v: (f"Liger-Kernel: the Trainer's use_liger_kernel patches {v['patches']} ({v['source']})"
                         + (f"; traced as the model's own: {v['unmodelled']}" if v["unmodelled"] else "") + "."),
     "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
-                                  "installed here, so --liger auto did not weigh it: pip install -e \".[liger]\", "
+                                  f"installed here, so --liger auto did not weigh it: {v['install']}, "
                                   "or --liger on to plan with it."),
     "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
                       f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
@@ -580,7 +593,9 @@ NOTE_TEXT = {
                               else ".")),
     "sequence-split": lambda v: (
         (f"Each sequence is split {v['split']} ways, as asked" if v["whole"] is None and v["pinned"] else
-         f"{v['seq_len']:,} tokens fit on {v['gpus']} x {v['gpu']} only with each sequence split {v['split']} ways"
+         f"{v['seq_len']:,} tokens fit on {v['gpus']} x {v['gpu']} only with each sequence split"
+         + (f" {v['split']} ways" if v.get("narrowest", v["split"]) == v["split"] else
+            f" (at least {v['narrowest']} ways; this plan splits {v['split']}, faster)")
          if v["whole"] is None else
          f"Splitting each sequence {v['split']} ways runs {v['speedup']:.2f}x the tokens/s of the fastest plan that "
          f"keeps sequences whole ({v['whole']})")
@@ -688,43 +703,66 @@ def note_text(n: Note) -> str:
 
 def _adapters_tried(v: dict) -> str:
     """What LoRA (and, where LoRA did not fit, QLoRA) would need, as the suggestion lists them."""
-    methods = ("lora",) if v["fits"] == "lora" else ("lora", "qlora")
+    methods = ("lora",) if v["fits"] == "lora" else tuple(m for m in ("lora", "qlora") if m + "_peak" in v)
     return "; ".join(f"{v[m + '_label']} ({v[m + '_trainable'] / 1e6:.0f}M trainable) needs "
                      f"{v[m + '_peak'] / GiB:.1f} GiB per GPU" for m in methods)
+
+
+def _split_words(v: dict) -> str:
+    """How a suggestion splits each sequence: nothing where it stays whole."""
+    if v.get("ways", 1) == 1:
+        return ""
+    how = "ring attention" if v["by"] == "context" else "Ulysses"
+    return f", each sequence split {v['ways']} ways ({how})"
+
+
+def _gpus_words(v: dict) -> str:
+    """`gpus` x GPU and how they sit in nodes."""
+    where = "in one node" if v["nodes"] == 1 else f"in {v['nodes']} nodes of {v['per_node']}"
+    return f"{v['gpus']} x {v['gpu']} {where}"
 
 
 def suggestion_text(s: Lever) -> str:
     """The suggestion's sentence, ending with the flags that make the plan fit."""
     v = s.values
-    smallest = (f"The smallest configuration (micro-batch 1, full checkpointing, {v.get('precision')}"
-                f"{', ZeRO-3' if v.get('zero3') else ''}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
+    split = _split_words(v)
+    zero = v.get("zero", 3 if v.get("zero3") else 0)
+    offloaded = (f"ZeRO-{zero} with "
+                 f"{'optimizer and parameters' if v.get('offloaded', OFFLOAD_ALL) == OFFLOAD_ALL else 'the optimizer'}"
+                 " in CPU memory")
+    checkpointing = "no" if v.get("checkpointing") == NO_CHECKPOINTING else v.get("checkpointing", FULL)
+    smallest = (f"The smallest configuration{' your pinned choices allow' if v.get('pinned') else ''} (micro-batch "
+                f"{v.get('micro_batch', 1)}, {checkpointing} checkpointing, {v.get('precision')}"
+                f"{f', ZeRO-{zero}' if zero else ''}{split}) needs {v.get('peak', 0) / GiB:.1f} GiB per GPU")
     texts = {
         "pinned": lambda: (f"{smallest} and fits the {v['budget'] / GiB:.1f} GiB budget: the choices you pinned "
                            "(micro-batch, precision, checkpointing, ZeRO stage, offload, engine) rule it out. Pin "
                            "fewer of them."),
         "smallest": lambda: f"{smallest}; the budget is {v['budget'] / GiB:.1f} GiB.",
-        "more-gpus": lambda: (f"More GPUs: {v['gpus']} x {v['gpu']} with ZeRO-3 need {v['peak'] / GiB:.1f} GiB per "
-                              "GPU"),
+        "split": lambda: (f"Split each sequence {v['ways']} ways{' ' + split[split.index('('):] if split else ''}: "
+                          f"micro-batch {v['micro_batch']} with {checkpointing} checkpointing and ZeRO-{zero} needs "
+                          f"{v['peak'] / GiB:.1f} GiB per GPU, within the {v['budget'] / GiB:.1f} GiB budget"),
+        "more-gpus": lambda: (f"More GPUs: {_gpus_words(v)} with ZeRO-{zero}{split} need {v['peak'] / GiB:.1f} GiB "
+                              "per GPU"),
         "larger-gpu": lambda: (f"A larger GPU: {v['gpu']} ({v['gpu_gib']:.0f} GiB) holds the smallest configuration "
                                f"({v['peak'] / GiB:.1f} GiB)"),
-        "offload-short": lambda: (f"Offload alone is not enough: ZeRO-3 with optimizer and parameters in CPU memory "
-                                  f"still needs {v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB over the "
-                                  "budget."),
-        "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB) but needs "
+        "offload-short": lambda: (f"Offload alone is not enough: {offloaded}{split} still needs "
+                                  f"{v['peak'] / GiB:.1f} GiB per GPU, {v['over'] / GiB:.1f} GiB over the budget."),
+        "offload-host": lambda: (f"Offload fits the GPU ({v['peak'] / GiB:.1f} GiB{split}) but needs "
                                  f"{v['host_bytes'] / GB:.0f} GB of host memory, more than the "
                                  f"{v['host_budget'] / GB:.0f} GB per node planned for: on a machine with more"),
-        "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {v['peak'] / GiB:.1f} "
-                            f"GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
+        "offload": lambda: (f"Offload: {offloaded}{split} needs "
+                            f"{v['peak'] / GiB:.1f} GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
         "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
-                               f"peak {v['peak'] / GiB:.1f} GiB fits"),
+                               f"peak {v['peak'] / GiB:.1f} GiB{split} fits"),
         "adapters": lambda: ("Adapters instead of full fine-tuning: " + _adapters_tried(v)
                              + (f"; {v[v['fits'] + '_label']} fits one {v['gpu']}" if v.get("gpu") else ", which fits")),
         "adapters-short": lambda: "Adapters do not fit either: " + _adapters_tried(v) + ".",
-        "shorter-sequence": lambda: f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
-                                    "checkpointing",
+        "shorter-sequence": lambda: (f"A shorter sequence: {v['seq_len']} tokens fit at micro-batch 1 with full "
+                                     f"checkpointing{split}"),
         "offload-shorter-sequence": lambda: (f"Offload and a shorter sequence: with optimizer and parameters in CPU "
                                              f"memory, {v['seq_len']} tokens fit at micro-batch 1 with full "
-                                             "checkpointing"),
+                                             f"checkpointing{split}"),
     }
     text = texts[s.kind]()
     return f"{text} ({as_flags(s.changes)})." if s.changes else text

@@ -106,7 +106,8 @@ class PlanRequest(_Request):
     headroom: float | None = option(help="Fraction of GPU memory kept free (default 0.05).", ge=0.0, lt=0.9,
                                     allow_inf_nan=False)
     host_memory: int | None = option(help="Host RAM per node in GB, for CPU offload (default: this machine's when "
-                                          "planning for its GPU, else an assumed 2 TiB node).", scale=1e9, gt=0,
+                                          "planning for its GPU, else assumed: the host RAM per node of the GPU's "
+                                          "usual system, as --list-gpus shows).", scale=1e9, gt=0,
                                      le=int(LIMITS.host_memory_gb * 1e9))
     nic_gbps: float | None = option(help="Inter-node bandwidth per GPU in Gb/s, for plans over several nodes (default: "
                                          "the GPU's usual system, e.g. 200 for DGX A100; AWS p4d's EFA: 50).", gt=0,
@@ -169,7 +170,8 @@ class PlanRequest(_Request):
     @classmethod
     def _model(cls, value):
         if value is None or (isinstance(value, str) and not value.strip()):
-            raise InputError("is required", flag="--model", hint="e.g. --model bigscience/bloom-560m")
+            raise InputError("is required", flag="--model", hint="e.g. --model bigscience/bloom-560m",
+                             changes={"model": "bigscience/bloom-560m"})
         return value.strip() if isinstance(value, str) else value
 
     @field_validator("offload", mode="before")
@@ -200,7 +202,8 @@ class PlanRequest(_Request):
             raise InputError("needs the batch the learning rate was tuned at", flag="--lr-batch",
                              hint=f"A recipe's LR: --lr-batch <the recipe's global batch> (--lr-batch "
                                   f"{self.global_batch} keeps it as given); an LR tuned at micro-batch x GPUs: that "
-                                  "product (it is then scaled by sqrt(k) or k).")
+                                  "product (it is then scaled by sqrt(k) or k).",
+                             changes={"lr_batch": self.global_batch})
         given = next((flag_of(PlanRequest, f) for f in DATASET_FIELDS if getattr(self, f) not in (None, AUTO)), None)
         if given and self.dataset is None:
             raise InputError("applies to --dataset", flag=given, hint="Add --dataset FILE.")
@@ -208,10 +211,10 @@ class PlanRequest(_Request):
             check_source(self.dataset)  # a missing file is said before the model or the data loads
         if self.dataset is not None and self.seq_len is not None:
             raise InputError("cannot be combined with --dataset: the data's lengths set the sequence", flag="--seq-len",
-                             hint="Drop --seq-len; --max-length truncates the samples.")
+                             hint="Drop --seq-len; --max-length truncates the samples.", changes={"seq_len": None})
         if self.train_tokens is not None and self.train_steps is not None:
             raise InputError("give the run's length once", flag="--train-steps",
-                             hint="Drop --train-steps or --train-tokens.")
+                             hint="Drop --train-steps or --train-tokens.", changes={"train_steps": None})
         self.resolved_adapter()  # LoRA flags without --peft, or both an adapter and --peft
         return self
 
@@ -235,10 +238,13 @@ class PlanRequest(_Request):
         if self.peft == NO_ADAPTER:
             given = next((flag for flag, value in lora.items() if value is not None), None)
             if given:
-                raise InputError("applies to adapters", flag=given, hint="Add --peft lora (or --peft qlora).")
+                method = "qlora" if given == "--no-double-quant" else "lora"
+                raise InputError("applies to adapters", flag=given, hint=f"Add --peft {method}"
+                                 + (" (or --peft qlora)." if method == "lora" else "."), changes={"peft": method})
             return None
         if not self.double_quant and not ADAPTER[self.peft].quantized_base:
-            raise InputError("applies to QLoRA's 4-bit base", flag="--no-double-quant", hint="Add --peft qlora.")
+            raise InputError("applies to QLoRA's 4-bit base", flag="--no-double-quant", hint="Add --peft qlora.",
+                             changes={"peft": "qlora"})
         fields = {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
                   "targets": Adapter.parse_targets(self.lora_targets) if self.lora_targets is not None else None}
         return Adapter(method=self.peft, double_quant=self.double_quant,

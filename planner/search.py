@@ -325,8 +325,9 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     """
     configs = enumerate_configs(space)
     if not configs:
+        peft = ", --peft" if space.adapter != NO_ADAPTER else ""
         raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
-                                                "--precision, --engine, --optimizer).")
+                                                f"--precision, --engine, --optimizer{peft}).")
     tell = progress or (lambda label: None)
     tell(f"timing {len(configs):,} configurations")
     model_speed = speed or SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)

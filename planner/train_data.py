@@ -14,9 +14,9 @@ from typing import Any
 
 from planner.dataset import load_rows, sample_column, tokenize_rows
 from planner.errors import InputError
-from planner.vocab import PACKING, PADDING_FREE
+from planner.vocab import PACKAGE, PACKING, PADDING_FREE
 
-TRL_EXTRA = 'pip install -e ".[trl]"'
+TRL_EXTRA = PACKAGE["trl"].install
 
 
 def _trl(what: str) -> Any:

@@ -25,7 +25,8 @@ class PackageInfo:
         return f'pip install -e ".[{self.extra}]"' if self.extra else str(self.command)
 
 
-#: Packages a plan may need beyond the base install (each choice below names the ones it needs).
+#: Packages a plan (or a feature) may need beyond the base install (each choice below names the ones it needs); each
+#: installs through the pyproject.toml extra that pins it (tests/test_hints_replan.py checks the extras exist).
 PACKAGE: dict[str, PackageInfo] = {
     "deepspeed": PackageInfo("deepspeed", "deepspeed"),
     "peft": PackageInfo("peft", "peft"),
@@ -33,6 +34,10 @@ PACKAGE: dict[str, PackageInfo] = {
     "flash-attn": PackageInfo("flash_attn", command="pip install flash-attn --no-build-isolation"),
     "liger-kernel": PackageInfo("liger_kernel", "liger"),
     "torchao": PackageInfo("torchao", "fp8"),
+    # what a feature needs rather than a plan: the report page, dataset files, TRL's batching
+    "matplotlib": PackageInfo("matplotlib", "report"),
+    "datasets": PackageInfo("datasets", "data"),
+    "trl": PackageInfo("trl", "trl"),
 }
 #: The extras the shipped training scripts need on a node besides the plan's packages: --dataset's formats and TRL
 #: (train_trl.py, padding-free and packed batches).
@@ -85,6 +90,8 @@ class PrecisionInfo:
     #: their GEMMs run on FP8 tensor cores, everything else as under bf16 autocast (`planner.speed.float8`)
     float8: bool = False
     packages: tuple[str, ...] = ()   # what it needs installed (`PACKAGE`)
+    #: the nearest precision to offer where a GPU cannot run this one (the same numerics, one step more widely run)
+    fallback: str | None = None
 
 
 PRECISION: dict[str, PrecisionInfo] = {
@@ -92,23 +99,27 @@ PRECISION: dict[str, PrecisionInfo] = {
                           4, "fp32", None, 4, False, False, False, True, None, "no", True),
     "tf32": PrecisionInfo("fp32 weights, gradients and optimizer states; matmuls on TF32 tensor cores (10-bit "
                           "mantissa inputs, fp32 accumulation; Ampere and later)", 4, "tf32", None, 4, False, False,
-                          False, True, None, "no", True, tf32=True),
+                          False, True, None, "no", True, tf32=True, fallback="fp32"),
     "fp16-mixed": PrecisionInfo("fp32 weights; torch.autocast runs matmuls in fp16; dynamic loss scaling",
-                                4, "fp16", "float16", 2, True, True, False, True, "fp16", "fp16", True),
+                                4, "fp16", "float16", 2, True, True, False, True, "fp16", "fp16", True,
+                                fallback="fp32"),
     "bf16-mixed": PrecisionInfo("fp32 weights; torch.autocast runs matmuls in bf16 (Ampere and later)",
-                                4, "bf16", "bfloat16", 2, True, False, True, True, "bf16", "bf16", True),
+                                4, "bf16", "bfloat16", 2, True, False, True, True, "bf16", "bf16", True,
+                                fallback="fp16-mixed"),
     "bf16-true": PrecisionInfo("bf16 weights, gradients and optimizer states, no autocast and no fp32 master "
                                "copy (torchtune-style pure bf16); torch engine only; chosen only on request",
-                               2, "bf16", None, 2, False, False, True, False, None, "no", False),
+                               2, "bf16", None, 2, False, False, True, False, None, "no", False,
+                               fallback="bf16-mixed"),
     # No Trainer flag: TrainingArguments(bf16=True) would overwrite accelerate's ACCELERATE_MIXED_PRECISION=fp8
     # (transformers/training_args.py:1614-1618); the script sets `mixed_precision` instead (planner/prepare.py).
     "fp8": PrecisionInfo("bf16-mixed, with the linear layers' GEMMs in float8 (torchao's Float8Linear, tensorwise "
                          "dynamic scaling, through accelerate's AO backend; the first and last linear stay bf16); "
                          "FP8 tensor cores (compute capability >= 8.9)", 4, "bf16", "bfloat16", 2, True, False,
-                         True, True, None, "fp8", True, float8=True, packages=("torchao",)),
+                         True, True, None, "fp8", True, float8=True, packages=("torchao",),
+                         fallback="bf16-mixed"),
 }
 Precision = Literal[tuple(PRECISION)]  # type: ignore[valid-type]
-FP32, TF32 = "fp32", "tf32"
+FP32, TF32, FP16_MIXED = "fp32", "tf32", "fp16-mixed"
 #: The dtypes matmuls compute in (`PrecisionInfo.compute`), naming the catalog's peaks (`peak_tflops_<dtype>`) and
 #: efficiency.json's achievable fractions.
 COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
@@ -313,7 +324,8 @@ LIGER: dict[str, SwitchInfo] = {
     "off": SwitchInfo("the model's own modules", (False,)),
 }
 LigerMode = Literal[tuple(LIGER)]  # type: ignore[valid-type]
-COMPILE_OFF = "off"
+#: the "on" and "off" of both switches
+COMPILE_ON, COMPILE_OFF = LIGER_ON, LIGER_OFF = "on", "off"
 #: The Inductor backend the emitted files name (TrainingArguments.torch_compile_backend, accelerate's dynamo_backend).
 INDUCTOR = "inductor"
 
@@ -446,6 +458,11 @@ SHARDING_ENGINES = (DEEPSPEED, FSDP)
 UNSHARDED_ENGINE = TORCH
 DEFAULT_SHARDING_ENGINE = DEEPSPEED
 ShardingEngine = Literal[SHARDING_ENGINES]  # type: ignore[valid-type]
+#: The two ways of splitting each sequence across GPUs (the request's and Config's fields) and the engine each runs
+#: under: torch's ring attention through FSDP2 (accelerate's cp_size), DeepSpeed's Ulysses all-to-alls (sp_size)
+SEQUENCE_SPLIT: dict[str, str] = {"context_parallel": FSDP, "sequence_parallel": DEEPSPEED}
+SPLIT_FIELDS = tuple(SEQUENCE_SPLIT)
+CONTEXT_PARALLEL, SEQUENCE_PARALLEL = SPLIT_FIELDS
 
 
 @dataclass(frozen=True)

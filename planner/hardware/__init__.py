@@ -93,22 +93,35 @@ class GPU(BaseModel):
 
     def cannot_run(self, precision: str, attention: str | None = None) -> str | None:
         """Why this GPU cannot run a precision (or attention implementation), or None."""
+        cc = self.compute_capability_tuple
+        # float8 first: it also needs bf16, and a GPU without bf16 lacks FP8 tensor cores too, which is what to say
+        if PRECISION[precision].float8 and (cc is None or cc < facts.get("float8.min_cc")
+                                            or self.peak_tflops_fp8 is None):
+            need = ".".join(map(str, facts.get("float8.min_cc")))
+            has = f"has compute capability {self.compute_capability}" if cc is not None else \
+                f"is an AMD GPU ({self.compute_capability})"
+            return (f"{precision} trains on FP8 tensor cores through accelerate's torchao backend, which needs an "
+                    f"NVIDIA GPU of compute capability {need} or newer (SM{need.replace('.', '')}+: Ada, Hopper, "
+                    f"Blackwell); {self.name} {has}")
         if PRECISION[precision].needs_bf16 and not self.bf16:
             return f"{self.name} has no bf16 (compute capability {self.compute_capability} < 8.0)"
         if PRECISION[precision].tf32 and self.peak_tflops_tf32 is None:
             return (f"{self.name} has no TF32 tensor cores (compute capability {self.compute_capability}; TF32 "
                     "needs 8.0)")
-        cc = self.compute_capability_tuple
-        if PRECISION[precision].float8 and (cc is None or cc < facts.get("float8.min_cc")
-                                            or self.peak_tflops_fp8 is None):
-            return (f"{self.name} has no FP8 training through accelerate (it needs an NVIDIA GPU of compute capability "
-                    f"8.9 or newer: Ada, Hopper, Blackwell; this one has {self.compute_capability})")
         if attention == FLASH and cc is not None and cc < facts.get("flash_attn.min_cc"):  # FlashAttention-2's GPUs
             return (f"FlashAttention-2 needs compute capability 8.0 or newer; {self.name} has "
                     f"{self.compute_capability}")
         if attention == FLASH and PRECISION[precision].compute == PRECISION[FP32].compute:
             return "FlashAttention-2 runs in fp16/bf16 only, not with fp32 matmuls"
         return None
+
+    def nearest_precision(self, precision: str, attention: str | None = None) -> str | None:
+        """The nearest precision to `precision` that this GPU runs (with `attention`): down its fallbacks
+        (`PrecisionInfo.fallback`: fp8 -> bf16-mixed -> fp16-mixed -> fp32), or None where none runs."""
+        nearest = PRECISION[precision].fallback
+        while nearest is not None and self.cannot_run(nearest, attention):
+            nearest = PRECISION[nearest].fallback
+        return nearest
 
 
 class DetectedGPUs(BaseModel):

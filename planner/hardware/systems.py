@@ -23,6 +23,8 @@ class HostSystem(BaseModel):
     unit: str
     source: str
     quote: str
+    #: other systems with this GPU (more or fewer GPUs to a node), each with its source
+    alternatives: tuple[HostSystem, ...] = ()
 
     @property
     def host_memory_bytes(self) -> int:
@@ -37,9 +39,33 @@ class HostSystem(BaseModel):
 @lru_cache(maxsize=1)
 def _systems() -> dict[str, HostSystem]:
     data = json.loads(resources.files("planner.hardware").joinpath("systems.json").read_text())
-    return {name: HostSystem(**entry) for name, entry in data["systems"].items()}
+    # an alternative whose figure names no source is kept in the file but not assumed
+    return {name: HostSystem(**{**entry, "alternatives": [a for a in entry.get("alternatives", ()) if a.get("source")]})
+            for name, entry in data["systems"].items()}
 
 
 def usual_system(gpu_name: str) -> HostSystem:
     """The usual system of a catalog GPU (every catalog GPU has one: tests/test_hardware.py)."""
     return _systems()[gpu_name]
+
+
+def system_for(gpu_name: str, gpus_per_node: int) -> HostSystem:
+    """The system a node of `gpus_per_node` such GPUs is assumed to be: the usual one where it holds them, else the
+    smallest listed system that does (a 4-GPU L40S node is a g6e.12xlarge, not four g6e.xlarge), else the largest
+    listed (`host_bytes_for` then scales its RAM)."""
+    usual = usual_system(gpu_name)
+    if gpus_per_node <= usual.gpus:
+        return usual
+    larger = [s for s in usual.alternatives if s.gpus >= gpus_per_node]
+    if larger:
+        return min(larger, key=lambda s: (s.gpus, s.host_memory_bytes))
+    return max((usual, *usual.alternatives), key=lambda s: (s.gpus, -s.host_memory_bytes))
+
+
+def node_gpus(gpu_name: str) -> int:
+    """The most GPUs a listed system of this GPU holds in one node (1 for a GPU outside the catalog)."""
+    try:
+        usual = usual_system(gpu_name)
+    except KeyError:
+        return 1
+    return max(s.gpus for s in (usual, *usual.alternatives))

@@ -32,7 +32,7 @@ import math
 import types
 from dataclasses import dataclass, field
 
-from planner.vocab import TASK, TOKEN_TARGETS
+from planner.vocab import PACKAGE, TASK, TOKEN_TARGETS
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def _not_installed() -> str | None:
 
     missing = [name for name in ("liger_kernel", "triton") if importlib.util.find_spec(name) is None]
     if missing:
-        return f"{' and '.join(missing)} not installed here (pip install liger-kernel)"
+        return f"{' and '.join(missing)} not installed here ({PACKAGE['liger-kernel'].install})"
     if int(transformers.__version__.split(".")[0]) < 5:
         return f"liger-kernel {VERSION} needs transformers >= 5.0.0 ({MONKEY_PATCH}:57-62)"
     return None
