@@ -89,7 +89,7 @@ def _host_gb(host_bytes: int) -> str:
 def _host_captions(rows) -> list[str]:
     """The host RAM each compared GPU was planned with, in the words of the plan's own header line."""
     assumed = [r for r in rows if r.hardware is not None and r.hardware.host_memory_source == "assumed"]
-    out = [f"host RAM per node (assumed: the GPU's usual system; --host-memory sets it): " + "; ".join(
+    out = ["host RAM per node (assumed: the GPU's usual system; --host-memory sets it): " + "; ".join(
         f"{r.gpu} {_host_gb(r.hardware.host_memory_bytes)} ({r.hardware.host_system})" for r in assumed)] \
         if assumed else []
     return out + [f"{r.gpu}: {_host(r.hardware)}" for r in rows if r.hardware is not None and r not in assumed]
