@@ -6,7 +6,8 @@ The commit that predicted a receipt is the earliest commit whose planner/ folder
 a prediction made with uncommitted changes names no commit and is development. The commit that added its measurement
 is the first commit in which the file it was first written to (`Receipt.data_file`: a benchmarks/data table, a
 results file; else its receipts file) holds its id. A receipt not committed yet counts as added by the next commit.
-Without git (a copy of the repository) nothing is first-look.
+The labels a report computed are kept in benchmarks/results/labels.json: where the history is not whole (a shallow
+clone, a copy without git) they are read from there, a receipt it does not name being development.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from planner import facts
 from planner.receipts import Receipt
 
 ROOT = Path(__file__).resolve().parents[1]
+LABELS = ROOT / "benchmarks" / "results" / "labels.json"
 FIRST_LOOK, DEVELOPMENT = "first-look", "development"
 PENDING = "not committed yet"
 
@@ -59,6 +61,11 @@ class History:
 
     def git(self, *args: str, stdin: str | None = None) -> str | None:
         return git(*args, stdin=stdin, root=self.root)
+
+    @cached_property
+    def complete(self) -> bool:
+        """Whether the whole history is here (a git repository, not a shallow clone)."""
+        return bool(self.commits) and (self.git("rev-parse", "--is-shallow-repository") or "").strip() == "false"
 
     @cached_property
     def commits(self) -> list[str]:
@@ -128,4 +135,20 @@ def label(receipt: Receipt, receipts_file: str, history: History) -> Label:
                  measured_at=measured_at or PENDING, fitted_by=fitted)
 
 
-__all__ = ["DEVELOPMENT", "FIRST_LOOK", "History", "Label", "PENDING", "fitted_by", "git", "label"]
+def labels(found: dict[str, tuple], history: History, kept: Path = LABELS) -> dict[str, Label]:
+    """The label of each receipt of `found` (key -> (receipt, the path of its receipts file)): computed from git where
+    the history is whole, else as the report last computed them (`kept`)."""
+    if history.complete:
+        return {key: label(receipt, path, history) for key, (receipt, path) in found.items()}
+    recorded = json.loads(kept.read_text()) if kept.exists() else {}
+    development = Label(evidence=DEVELOPMENT, predicted_at=None, measured_at=None)
+    return {key: Label(**{**recorded[key], "fitted_by": tuple(recorded[key]["fitted_by"])}) if key in recorded
+            else development for key in found}
+
+
+def labels_json(found: dict[str, Label]) -> str:
+    return json.dumps({key: vars(value) for key, value in sorted(found.items())}, indent=1, sort_keys=True) + "\n"
+
+
+__all__ = ["DEVELOPMENT", "FIRST_LOOK", "History", "LABELS", "Label", "PENDING", "fitted_by", "git", "label", "labels",
+           "labels_json"]

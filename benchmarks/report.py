@@ -21,7 +21,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from benchmarks import rescore, runs, scoring
+from benchmarks import provenance, rescore, runs, scoring
 from benchmarks.evidence import FORMAT as CHECK_FORMAT, RESULTS, Row, summary as row_summary
 from benchmarks.scoring import KINDS, Run, summary
 from planner.uncertainty import MARGIN_COVERAGE, MIN_RUNS, NEVER_POOLED, P90_RUNS, POOLED_IN_ORDER
@@ -237,7 +237,8 @@ def wanted(rescored: dict) -> dict[Path, str]:
     benchmarks = runs.load()
     scored = scoring.scored(benchmarks, rescored)
     out = {DOC: document(benchmarks, scored, load_checks(), rescored),
-           ERRORS: json.dumps(scoring.error_facts(scored), indent=1, sort_keys=True) + "\n"}
+           ERRORS: json.dumps(scoring.error_facts(scored), indent=1, sort_keys=True) + "\n",
+           provenance.LABELS: provenance.labels_json({r.key: r.label for r in scored})}
     if README.exists() and README_MARKS[0] in README.read_text():
         out[README] = readme(scored, README.read_text())
     return out

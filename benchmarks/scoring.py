@@ -15,7 +15,7 @@ from itertools import combinations
 from pathlib import Path
 
 from benchmarks import rescore, runs
-from benchmarks.provenance import FIRST_LOOK, History, Label, label
+from benchmarks.provenance import FIRST_LOOK, History, Label, labels
 from planner import facts
 from planner.hardware import efficiency_data  # noqa: F401 - registers efficiency.json's facts, which predictions read
 from planner.receipts import STEP_TIME, Prediction, Receipt
@@ -68,6 +68,11 @@ class Run:
     def first_look(self) -> bool:
         return self.label.first_look
 
+    @property
+    def key(self) -> str:
+        """As benchmarks/rescore.py keys it: "<benchmark>/<receipt id>"."""
+        return f"{self.benchmark}/{self.receipt.id}"
+
     def figure(self, kind: str) -> Figure | None:
         return self.figures.get(kind)
 
@@ -103,13 +108,15 @@ def stratum_of(receipt: Receipt) -> Stratum:
 
 
 def scored(benchmarks: list[runs.Benchmark], rescored: dict, history: History | None = None) -> list[Run]:
-    """Every receipt of `benchmarks` scored, with today's predictions from `rescored`."""
-    history = history or History()
+    """Every receipt of `benchmarks` scored, with today's predictions from `rescored` and its label
+    (benchmarks/provenance.py `labels`)."""
+    found = {rescore.key(bench, r): (r, bench.path) for bench in benchmarks for r in bench.receipts}
+    labelled = labels(found, history or History())
     out = []
     for bench in benchmarks:
         for receipt in bench.receipts:
             today = rescore.today(rescored, bench, receipt)
-            out.append(Run(bench.name, receipt, label(receipt, bench.path, history), stratum_of(receipt),
+            out.append(Run(bench.name, receipt, labelled[rescore.key(bench, receipt)], stratum_of(receipt),
                            figures_of(receipt, today), today.model.activations if today else None))
     return out
 
