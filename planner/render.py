@@ -549,6 +549,12 @@ NOTE_TEXT = {
     "host-assumed": lambda v: (f"Offload holds {v['offload_bytes'] / 2**30:.1f} GiB per node in host RAM; it was "
                                f"checked against {v['host_bytes'] / 1e9:,.0f} GB, assumed from {v['system']}; give "
                                "--host-memory GB for yours."),
+    "host-measured": lambda v: (f"Host costs measured here ({v['at']}): {v['dispatch_us']:.1f} us per op launching a "
+                                f"kernel, {v['engine_dispatch_us']:.1f} per backward kernel, {v['python_op_us']:.2f} per "
+                                f"view, {v['module_call_us']:.1f} per module call; step times use them."),
+    "host-range": lambda v: (f"Step times use {v['gpu']}'s usual host; on the fastest and slowest hosts known the step "
+                             f"takes {fmt_seconds(v['fast_s'])} to {fmt_seconds(v['slow_s'])} "
+                             f"(planned: {fmt_seconds(v['step_s'])})."),
     "moe-zero3": lambda v: (f"Mixture of experts under ZeRO-3: {v['experts_per_token']} of {v['experts']} experts run "
                             "per token in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 "
                             "leaf (deepspeed.utils.set_z3_leaf_modules): entering it gathers all its experts at once. "
@@ -566,8 +572,9 @@ NOTE_TEXT = {
                                   "or --liger on to plan with it."),
     "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
                       f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
-                      f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x), "
-                      f"peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
+                      f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x"
+                      + (f", its fastest plan: {v['bf16_label']}" if v.get("bf16_label") else ", the same plan")
+                      + f"), peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
     "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
                            f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
                            f"against {fmt_tokens(v['chosen_tokens_per_s'])}"
