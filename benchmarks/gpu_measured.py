@@ -68,7 +68,7 @@ def planned(row: dict, gpu: str):
     candidate, with its estimate)."""
     try:
         draft = pinned_plan(row["model"], row["seq_len"], row["precision"], row["checkpointing"], row["micro_batch"],
-                            gpu, batch=row["batch"])
+                            gpu, batch=row["batch"], liger="off")  # the probes that measured them ran no Liger
         return draft.choice, False
     except NoFitError as err:
         return err.plan.choice, True
