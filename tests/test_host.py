@@ -98,7 +98,12 @@ def test_a_real_steps_ops_cost_the_host_the_step_factor_and_a_compiled_graphs_la
     profile = Profile(memory={"half,forward": [0.0, 0.0, 100.0], "half,backward": [0.0, 0.0, 50.0]},
                       dispatch={PY_KERNELS: 100.0, ENGINE_KERNELS: 50.0})
     bare = (100 * eff.dispatch_us + 50 * eff.engine_dispatch_us) * 1e-6
+    assert eff.host_micro_benchmark  # the lent H100 node's figures, measured by the micro-benchmark
     assert speed_kernels.cpu_seconds(profile, eff) == pytest.approx(bare * facts.get("host.step_op_factor"))
+    fitted = efficiency("A100-80GB")  # its dispatch cost was chosen to reproduce published steps: taken as it is
+    assert not fitted.host_micro_benchmark
+    assert speed_kernels.cpu_seconds(profile, fitted) == pytest.approx(
+        (100 * fitted.dispatch_us + 50 * fitted.engine_dispatch_us) * 1e-6)
     compiled = profile.compiled({"forward": 1.0, "backward": 1.0}, {"forward": 1.0, "backward": 1.0})
     launched = Profile(dispatch={GRAPH_KERNELS: 150.0})
     assert compiled.dispatch == launched.dispatch

@@ -74,6 +74,9 @@ class Efficiency(BaseModel):
     tiles: tuple[tuple[int, int], ...]
     #: the host costs were measured where the plan runs (planner/hardware/host.py), not read from efficiency.json
     host_measured: bool = False
+    #: the host costs are a micro-benchmark's (the simplest ops: a training step's cost more, `host.step_op_factor`),
+    #: not figures chosen to reproduce whole steps (efficiency.json's `micro_benchmark` on the dispatch entry)
+    host_micro_benchmark: bool = False
     #: the planner.facts keys of the efficiency.json entries these figures were read from (recorded on every use)
     fact_keys: tuple[str, ...] = Field(default=(), exclude=True, repr=False)
 
@@ -98,7 +101,8 @@ class Efficiency(BaseModel):
         """These figures on a host of other costs: measured ones are no longer read from efficiency.json."""
         kept = tuple(key for key in self.fact_keys if key.rsplit(":", 1)[-1] not in HOST_COSTS)
         return self.model_copy(update={**{name: getattr(host, name) for name in HOST_COSTS},
-                                       "host_measured": host.measured, "fact_keys": kept})
+                                       "host_measured": host.measured, "host_micro_benchmark": True,
+                                       "fact_keys": kept})
 
     def record(self) -> Efficiency:
         """Count the entries these figures come from as read (planner.facts); returns self."""
@@ -169,8 +173,10 @@ def _read(name: str) -> tuple[Efficiency, dict[str, tuple[str, ...]]]:
     system = network.get("system") or _default_nic()["system"]
     tiles = efficiency_json()["defaults"]["gemm_tiles"]
     read.paths[fact_key("defaults", "tiles")] = ("defaults", "gemm_tiles")  # one tile list for every GPU
+    dispatch = read.entry("dispatch_us", "launch_overhead_us", "eager_dispatch_us", numeric=True)
     eff = Efficiency(
         gpu=name, sm_count=int(read.figure("sm_count", "", "sm_count", own_only=True)), matmul=matmul,
+        host_micro_benchmark=bool(dispatch.get("micro_benchmark")),
         misaligned=read.figure("misaligned", "", "matmul_misaligned"),
         misaligned_align2=read.figure("misaligned_align2", "", "matmul_misaligned_align2"),
         hbm=read.figure("hbm", "", "hbm"), launch_us=overhead("gpu_side_us", "launch_us"),

@@ -144,16 +144,16 @@ def synced_wait(segments: list[tuple[float, float]]) -> float:
 
 def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
     """The CPU's side of a micro-step: every kernel launched (from Python or the autograd engine), every view op
-    (Python's cost more: argument parsing), every nn.Module call, each at the host's micro-benchmarked cost, times
-    what an eager training step's ops cost beyond it (`host.step_op_factor`: autograd recording, autocast, the
-    allocator, model code's Python); every kernel a compiled graph's wrapper launches, at the micro-benchmark's cost
-    alone; and every op a selective-checkpointing policy's Python dispatch mode handles (a cost measured on the
-    policy's own code)."""
+    (Python's cost more: argument parsing), every nn.Module call, each at the host's cost, which where it is a
+    micro-benchmark's (`Efficiency.host_micro_benchmark`) is scaled by what an eager training step's ops cost beyond
+    it (`host.step_op_factor`: autograd recording, autocast, the allocator, model code's Python); every kernel a
+    compiled graph's wrapper launches, at the host's cost alone; and every op a selective-checkpointing policy's
+    Python dispatch mode handles (a cost measured on the policy's own code)."""
     d = profile.dispatch
     eager = (d.get(PY_KERNELS, 0.0) * eff.dispatch_us + d.get(ENGINE_KERNELS, 0.0) * eff.engine_dispatch_us
              + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
              + d.get(MODULE_CALLS, 0.0) * eff.module_call_us)
-    factor = facts.get("host.step_op_factor") if eager else 0.0
+    factor = facts.get("host.step_op_factor") if eager and eff.host_micro_benchmark else 1.0
     return (eager * factor + d.get(GRAPH_KERNELS, 0.0) * eff.dispatch_us
             + d.get(POLICY_OPS, 0.0) * eff.checkpoint_policy_op_us) * 1e-6
 
