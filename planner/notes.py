@@ -50,7 +50,7 @@ NOTE: dict[str, NoteInfo] = {
     "qlora-16bit-experts": NoteInfo("QLoRA: bitsandbytes leaves fused expert weights 16-bit", True),
     "liger": NoteInfo("the plan runs Liger-Kernel's patches: which, and what is traced as the model's own", True),
     "liger-available": NoteInfo("Liger-Kernel patches the model but is not installed here: not weighed", False),
-    "fp8": NoteInfo("float8 against the fastest bf16-mixed plan (or the chosen one in bf16-mixed where none was "
+    "fp8": NoteInfo("float8 against the best bf16-mixed plan (or the chosen one in bf16-mixed where none was "
                     "weighed): layers converted, step time, peak", True),
     "fp8-lost": NoteInfo("fp8 was weighed and lost: its fastest configuration, and compiled where it ran eager", True),
     "fp8-available": NoteInfo("the GPU trains in FP8 but torchao is not installed here: fp8 not weighed", False),

@@ -659,8 +659,8 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
 
 
 def _float8_won(job: Job, ranked: list[Candidate], linears: Float8Linears) -> list[Note]:
-    """float8 chosen: against the fastest bf16-mixed plan that fits, where the search weighed bf16-mixed (what the user
-    would run instead), else against the chosen configuration in bf16-mixed."""
+    """float8 chosen: against the bf16-mixed plan the search ranks first among those that fit, where it weighed
+    bf16-mixed (what the user would run instead), else against the chosen configuration in bf16-mixed."""
     choice = ranked[0]
     best = next((c for c in ranked if c.fits and c.config.precision == BF16_MIXED and c.throughput), None)
     if best is None:

@@ -573,7 +573,7 @@ NOTE_TEXT = {
     "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
                       f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
                       f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x"
-                      + (f", its fastest plan: {v['bf16_label']}" if v.get("bf16_label") else ", the same plan")
+                      + (f", its best plan: {v['bf16_label']}" if v.get("bf16_label") else ", the same plan")
                       + f"), peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
     "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
                            f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
