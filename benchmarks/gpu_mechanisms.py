@@ -210,42 +210,14 @@ def measure_attention(torch, gpu, eff, device: str, small: bool) -> list[dict]:
 
 
 def measure_overheads(torch, device: str) -> dict:
-    """Host-side costs per op (the GPU runs ahead; ops are tiny), and the GPU-side cost per kernel."""
-    n = 2000
-    x = torch.ones(8, device=device)
+    """Host-side costs per op (the GPU runs ahead; ops are tiny), measured by the planner's own micro-benchmark
+    (planner/hardware/host.py `measure_host_costs`, what a plan runs on the GPU it plans for), and the GPU-side cost
+    per kernel."""
+    from planner.hardware.host import measure_host_costs
 
-    def per_op(fn, count=n) -> float:
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t) / count * 1e6
-
-    out = {"python_kernel_us": per_op(lambda: [torch.add(x, 1) for _ in range(n)]),
-           "python_view_us": per_op(lambda: [x.view(-1) for _ in range(n)])}
-    w = torch.ones(8, device=device, requires_grad=True)
-
-    def chain():
-        y = w
-        for _ in range(n):
-            y = y * 1.0001
-        return y
-
-    y = chain()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    y.sum().backward()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    out["engine_kernel_us"] = (time.perf_counter() - t) / n * 1e6
-    lin = torch.nn.Linear(8, 8, device=device)
-    functional = per_op(lambda: [torch.nn.functional.linear(x, lin.weight, lin.bias) for _ in range(n)])
-    module = per_op(lambda: [lin(x) for _ in range(n)])
-    out["module_call_us"] = module - functional
+    costs = measure_host_costs(device)
+    out = {"python_kernel_us": costs.dispatch_us, "python_view_us": costs.python_op_us,
+           "engine_kernel_us": costs.engine_dispatch_us, "module_call_us": costs.module_call_us}
     if device == "cuda":
         graph, static = torch.cuda.CUDAGraph(), torch.ones(8, device="cuda")
         with torch.cuda.graph(graph):

@@ -283,10 +283,12 @@ def _compared(row, what: str):
     value = {"hours": row.train_hours, "cost": row.cost_usd, "tokens": row.tokens_per_s}[what]
     if row.plan is None or value is None:
         return None
-    bar = row.plan.throughput_error
-    if bar is None or not bar.measured or row.plan.choice.throughput.source != "model":
+    bar, tp = row.plan.throughput_error, row.plan.choice.throughput
+    if bar is None or not bar.measured or tp.source not in MODELLED:
         return value, None
-    return value, bar.bounds(value, rate=what == "tokens")
+    scale = tp.step_time_s / tp.modelled_step_time_s  # the shown figures are the model's times it
+    rate = what == "tokens"
+    return value, bar.bounds(value * scale if rate else value / scale, rate=rate)
 
 
 def receipts_chart(plan, receipts: list[dict]):

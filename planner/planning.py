@@ -19,6 +19,7 @@ from planner import hardware as hw
 from planner.config import Config
 from planner.errors import InputError, NoFitError
 from planner.hardware.efficiency_data import efficiency_of
+from planner.hardware.host import measured_here
 from planner.hardware.systems import system_for
 from planner.lr import scale_lr
 from planner.memory.analytic import tensor_parallel_share
@@ -154,7 +155,9 @@ def resolve_hardware(request: PlanRequest, detect: bool) -> Hardware:
         host, source = local, "this machine"
     else:
         host, source = system.host_bytes_for(count), "assumed"
-    entry = entry.model_copy(update={"nic_Gbps": request.nic_gbps})
+    # the host's costs where the plan runs with the GPU it plans for (planner/hardware/host.py), else the usual system's
+    costs = measured_here(entry.name) if is_local else None
+    entry = entry.model_copy(update={"nic_Gbps": request.nic_gbps, "host": costs})
     network = efficiency_of(entry)
     return Hardware(gpu=entry.name, gpu_memory_bytes=entry.memory_bytes, gpus_per_node=count, nodes=request.nodes,
                     detected=is_local, budget_bytes=budget, headroom=headroom, host_memory_bytes=host,
@@ -662,11 +665,22 @@ def _parallelism_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
 
 
 def _host_note(hardware: Hardware, choice: Candidate) -> list[Note]:
-    """Name the host RAM an offload plan was checked against when it was assumed, not measured or given."""
-    if hardware.host_memory_source != "assumed" or not (choice.memory and choice.memory.cpu_offload_bytes):
-        return []
-    return [note("host-assumed", offload_bytes=choice.memory.cpu_offload_bytes, host_bytes=hardware.host_memory_bytes,
-                 system=hardware.host_system)]
+    """Name the host RAM an offload plan was checked against when it was assumed, not measured or given; say where the
+    host's costs of eager PyTorch come from: measured on this machine, or the usual system's, with the step time on
+    the fastest and slowest host known."""
+    notes = []
+    if hardware.host_memory_source == "assumed" and choice.memory and choice.memory.cpu_offload_bytes:
+        notes.append(note("host-assumed", offload_bytes=choice.memory.cpu_offload_bytes,
+                          host_bytes=hardware.host_memory_bytes, system=hardware.host_system))
+    host = hardware.entry.host if hardware.entry is not None else None
+    if host is not None:
+        notes.append(note("host-measured", dispatch_us=host.dispatch_us, engine_dispatch_us=host.engine_dispatch_us,
+                          python_op_us=host.python_op_us, module_call_us=host.module_call_us, at=host.measured_at))
+    elif choice.throughput is not None and choice.throughput.step_time_fast_host_s is not None:
+        tp = choice.throughput
+        notes.append(note("host-range", step_s=tp.step_time_s, fast_s=tp.step_time_fast_host_s,
+                          slow_s=tp.step_time_slow_host_s, gpu=hardware.gpu))
+    return notes
 
 
 def _moe_note(spec, choice: Candidate) -> list[Note]:
@@ -725,12 +739,7 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
             return []
         return [note("fp8-available", {"precision": fp8}, gpu=job.gpu.name, install=PACKAGE["torchao"].install)]
     if choice.config.precision == fp8:
-        other = choice.config.model_copy(update={"precision": BF16_MIXED})
-        if other.problem() or choice.throughput is None:
-            return []
-        return [note("fp8", converted=linears.converted_layers, linears=linears.total_layers,
-                     fp8_step_s=choice.throughput.step_time_s, bf16_step_s=job.speed(other).step_time_s,
-                     fp8_peak=choice.memory.peak, bf16_peak=job.evaluator.estimate(other).peak)]
+        return _float8_won(job, ranked, linears)
     lost = [c for c in ranked if c.fits and c.config.precision == fp8 and c.throughput is not None]
     if not lost:
         alike = choice.config.model_copy(update={"precision": fp8})
@@ -743,6 +752,23 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
                  tokens_per_s=best.throughput.useful_tokens_per_s,
                  chosen_tokens_per_s=choice.throughput.useful_tokens_per_s, eager=not best.config.compiled,
                  compile_weighed=weighed)]
+
+
+def _float8_won(job: Job, ranked: list[Candidate], linears: Float8Linears) -> list[Note]:
+    """float8 chosen: against the bf16-mixed plan the search ranks first among those that fit, where it weighed
+    bf16-mixed (what the user would run instead), else against the chosen configuration in bf16-mixed."""
+    choice = ranked[0]
+    best = next((c for c in ranked if c.fits and c.config.precision == BF16_MIXED and c.throughput), None)
+    if best is None:
+        other = choice.config.model_copy(update={"precision": BF16_MIXED})
+        if other.problem() or choice.throughput is None:
+            return []
+        best_step, best_peak, label = job.speed(other).step_time_s, job.evaluator.estimate(other).peak, None
+    else:
+        best_step, best_peak, label = best.throughput.step_time_s, best.memory.peak, best.config.label()
+    return [note("fp8", converted=linears.converted_layers, linears=linears.total_layers,
+                 fp8_step_s=choice.throughput.step_time_s, bf16_step_s=best_step, fp8_peak=choice.memory.peak,
+                 bf16_peak=best_peak, bf16_label=label)]
 
 
 def _qlora_notes(job: Job) -> list[Note]:

@@ -284,6 +284,7 @@ def _apply(cand: Candidate, result: Measurement, budget: int) -> Candidate:
         step_s += model_tp.parts.communication
         source = "probe+model"
     throughput = model_tp.at_step_time(step_s, source=source, parts=StepParts(),
-                                       model_step_time_s=model_tp.modelled_step_time_s)
+                                       model_step_time_s=model_tp.modelled_step_time_s,
+                                       step_time_fast_host_s=None, step_time_slow_host_s=None)  # measured here
     return cand.model_copy(update={"memory": memory, "throughput": throughput,
                                    "verdict": Verdict.of_peak(peak, budget, memory.method)})

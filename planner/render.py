@@ -175,17 +175,21 @@ def speed_line(tp, error) -> str:
         return f"{head}, MFU {tp.mfu:.0%} ({_speed_source(tp.source)}{unmeasured})"
     modelled = speed * tp.step_time_s / tp.modelled_step_time_s  # the speed model's own figure
     factor = tp.step_time_s / tp.modelled_step_time_s
+    fast, slow = tp.host_spread  # a host the plan did not measure widens what runs like it measured
     pooled = f", pooled over {', '.join(error.pooled)}" if error.pooled else ""
+    hosts = "; other hosts included" if (fast, slow) != (1.0, 1.0) else ""
     if error.covers == 1.0:  # too few runs for percentiles: the median and the worst, and n
-        slowest = error.bounds(modelled, rate=True)[0]
+        slowest = error.bounds(modelled, rate=True)[0] / slow
         basis = f"modelled step time x{factor:.2f}, the median of {error.n} runs like it" \
             if tp.source == "corrected" else \
             f"modelled; {error.n} runs like it took x{error.median:.2f} the modelled step time at the median"
-        return f"{head}; at worst {fmt_tokens(slowest)} ({basis}, x{error.high:.2f} at worst{pooled})"
+        return f"{head}; at worst {fmt_tokens(slowest)} ({basis}, x{error.high:.2f} at worst{pooled}{hosts})"
     low, high = error.bounds(modelled, rate=True)
+    low, high = low / slow, high / fast
     basis = f"modelled step time x{factor:.2f}, the median of {error.n} runs" if tp.source == "corrected" else \
         f"modelled; {error.n} runs"
-    return f"{head}; {fmt_tokens(low)}-{fmt_tokens(high)} on {error.covers:.0%} of runs like it ({basis}{pooled})"
+    return (f"{head}; {fmt_tokens(low)}-{fmt_tokens(high)} on {error.covers:.0%} of runs like it ({basis}{pooled}"
+            f"{hosts})")
 
 
 def _speed_source(source: str) -> str:
@@ -350,9 +354,11 @@ def comparison_table(rows, train_tokens: float | None, priced: bool) -> Table:
                           *(["—"] * len(extra)))
             continue
         c, h = r.plan.choice, r.plan.hardware
-        # the measured speed of runs like it lay within these bounds (planner.types.ErrorBar); time and cost follow
-        error = r.plan.throughput_error if c.throughput.source == "model" else None
-        low, high = error.bounds(1.0, rate=True) if error and error.measured else (1.0, 1.0)
+        # the measured speed of runs like it lay within these bounds of the model's (planner.types.ErrorBar), the
+        # shown speed being the model's times `scale`; time and cost follow
+        error = r.plan.throughput_error if c.throughput.source in ("model", "corrected") else None
+        scale = c.throughput.step_time_s / c.throughput.modelled_step_time_s
+        low, high = error.bounds(scale, rate=True) if error and error.measured else (1.0, 1.0)
         cells = [r.gpu, escape(c.config.label()), _range(c.throughput.tokens_per_s, low, high, fmt_tokens),
                  f"{c.memory.peak / GiB:.1f} / {h.gpu_memory_bytes / GiB:.0f}"]
         if train_tokens:
@@ -566,6 +572,12 @@ NOTE_TEXT = {
     "host-assumed": lambda v: (f"Offload holds {v['offload_bytes'] / 2**30:.1f} GiB per node in host RAM; it was "
                                f"checked against {v['host_bytes'] / 1e9:,.0f} GB, assumed from {v['system']}; give "
                                "--host-memory GB for yours."),
+    "host-measured": lambda v: (f"Host costs measured here ({v['at']}): {v['dispatch_us']:.1f} us per op launching a "
+                                f"kernel, {v['engine_dispatch_us']:.1f} per backward kernel, {v['python_op_us']:.2f} per "
+                                f"view, {v['module_call_us']:.1f} per module call; step times use them."),
+    "host-range": lambda v: (f"Step times use {v['gpu']}'s usual host; on the fastest and slowest hosts known the step "
+                             f"takes {fmt_seconds(v['fast_s'])} to {fmt_seconds(v['slow_s'])} "
+                             f"(planned: {fmt_seconds(v['step_s'])})."),
     "moe-zero3": lambda v: (f"Mixture of experts under ZeRO-3: {v['experts_per_token']} of {v['experts']} experts run "
                             "per token in a data-dependent order, so plan.prepare(model) marks each MoE block a ZeRO-3 "
                             "leaf (deepspeed.utils.set_z3_leaf_modules): entering it gathers all its experts at once. "
@@ -583,8 +595,9 @@ NOTE_TEXT = {
                                   "or --liger on to plan with it."),
     "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
                       f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
-                      f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x), "
-                      f"peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
+                      f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x"
+                      + (f", its best plan: {v['bf16_label']}" if v.get("bf16_label") else ", the same plan")
+                      + f"), peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
     "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
                            f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
                            f"against {fmt_tokens(v['chosen_tokens_per_s'])}"

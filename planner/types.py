@@ -353,6 +353,8 @@ class Plan(BaseModel):
             "throughput": {"tokens_per_s": tp.tokens_per_s, "samples_per_s": tp.samples_per_s, "mfu": tp.mfu,
                            "hfu": tp.hfu,
                            "step_time_s": tp.step_time_s, "source": tp.source,
+                           "step_time_fast_host_s": tp.step_time_fast_host_s,
+                           "step_time_slow_host_s": tp.step_time_slow_host_s,
                            "real_tokens_per_s": tp.real_tokens_per_s,
                            "parts": {**tp.parts.model_dump(), "bound": tp.parts.bound()},
                            "model": _model_speed_json(tp),

@@ -187,7 +187,7 @@ def test_a_compiled_step_fuses_kernels_and_spreads_its_compile_time_over_the_run
     effect = workload.compile_effect(compiled)
     profile, _ = speed_profile(workload, cfg)
     fused = compiled_profile(profile, effect)
-    assert set(fused.dispatch) == {"python_kernels"}  # Inductor's wrapper launches every kernel
+    assert set(fused.dispatch) == {"graph_kernels"}  # Inductor's wrapper launches every kernel
     assert sum(v[2] for v in fused.memory.values()) < sum(v[2] for v in profile.memory.values())
     eff = efficiency(gpu.name)
     assert micro_step(fused, 1, cfg.precision, gpu, eff).cpu_s < micro_step(profile, 1, cfg.precision, gpu, eff).cpu_s

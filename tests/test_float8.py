@@ -185,3 +185,22 @@ def test_llama_8b_on_8_h100s_weighs_fp8_where_torchao_is_installed(monkeypatch):
     weighed = [c for c in p.candidates if c.config.precision == "fp8"]
     assert [c for c in weighed if c.fits] and not [c for c in p.candidates if c.verdict.kind == "invalid"]
     assert {"fp8", "fp8-lost"} & {n.kind for n in p.notes}
+
+
+@pytest.mark.long
+def test_the_fp8_note_compares_with_the_best_bf16_plan(monkeypatch):
+    """Where --precision auto chooses fp8, its note weighs it against the bf16-mixed plan the search ranks first, not
+    against its own configuration in bf16-mixed (which may be slower: fp8's smaller activations can take another
+    micro-batch or checkpointing)."""
+    monkeypatch.setattr(planner.planning, "torchao_missing", lambda: None)
+    p = plan("meta-llama/Llama-3.1-8B", 8, seq_len=8192, gpus_per_node=8, engine="fsdp", zero_stage=3, compile="on",
+             liger="off", **H100)
+    if p.choice.config.precision != "fp8":
+        pytest.skip(f"fp8 did not win here ({p.choice.config.label()})")
+    note = next(n for n in p.notes if n.kind == "fp8")
+    best = next(c for c in p.candidates if c.fits and c.config.precision == "bf16-mixed" and c.throughput)
+    assert note["bf16_step_s"] == pytest.approx(best.throughput.step_time_s)
+    assert note["bf16_label"] == best.config.label()
+    same = p.choice.config.model_copy(update={"precision": "bf16-mixed"})
+    assert note["bf16_step_s"] <= min((c.throughput.step_time_s for c in p.candidates
+                                       if c.config == same and c.throughput), default=float("inf")) * 1.03

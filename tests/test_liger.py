@@ -655,16 +655,36 @@ def test_checkpointed_steps_trace_with_the_stand_ins(checkpointing):
 
 
 def test_op_profile_counts_the_chunks_as_tokens():
-    """The fused loss's GEMMs run in the forward, one per chunk; the profile holds them as one GEMM per shape over all
-    the chunks' rows, marked as growing with the micro-batch (the chunk count stays put as BT grows; the chunks'
-    rows do not)."""
+    """The fused loss's GEMMs run in the forward, three per chunk; the profile holds each shape as one GEMM batched
+    over the chunks, each chunk's rows marked as growing with the micro-batch (the chunk count stays put as BT grows;
+    the chunks' rows do not), so that each chunk reads the vocabulary's weight again."""
     config = tiny(transformers.LlamaConfig, layers=1)
     profile = run_trace(config, 1, request(liger=True)).profile
     n, hidden, vocab = 2 * 64, 64, 2000
-    assert liger.flce_chunks(n, hidden, vocab) == (4, 32)
+    chunk, chunks = liger.flce_chunks(n, hidden, vocab)
+    assert (chunk, chunks) == (4, 32)
     gemms = {key: value for key, value in profile["matmuls"].items() if str(vocab) in key.split(",")[:4]}
-    assert gemms == {f"1,{n},{vocab},{hidden},half,forward,0100": 1, f"1,{n},{hidden},{vocab},half,forward,0100": 1,
-                     f"1,{vocab},{hidden},{n},half,forward,0001": 1}
+    assert gemms == {f"{chunks},{chunk},{vocab},{hidden},half,forward,0100": 1,
+                     f"{chunks},{chunk},{hidden},{vocab},half,forward,0100": 1,
+                     f"{chunks},{vocab},{hidden},{chunk},half,forward,0001": 1}
+
+
+def test_the_fused_loss_waits_for_the_gpu_twice_and_accumulates_its_weight_gradient_per_chunk():
+    """The host reads the label count (`.item()`, ops/fused_linear_cross_entropy.py:131-132) before the chunk loop and
+    compares the incoming gradient on the host (`torch.equal`, :420) before the backward: the profile holds the step
+    up to each wait. Each chunk's `addmm` into the whole weight gradient reads and rewrites it: its bytes count once
+    per chunk."""
+    from planner.program.profile import Profile
+
+    config = tiny(transformers.LlamaConfig, layers=1)
+    profile = Profile.from_json(run_trace(config, 1, request(liger=True, activations="mixed")).profile)
+    first, second = profile.syncs
+    assert not any(",backward," in key for key in second.matmuls)          # both waits come before the backward
+    assert not any(str(2000) in key.split(",")[:4] for key in first.matmuls)  # the loop runs after the first
+    assert all(key in second.matmuls for key in profile.matmuls if ",forward," in key)
+    _chunk, chunks = liger.flce_chunks(2 * 64, 64, 2000)
+    added = sum(v[1] for k, v in second.memory.items()) - sum(v[1] for k, v in first.memory.items())
+    assert added >= chunks * 2000 * 64 * (4 + 4 - 2)  # the fp32 gradient read and written beyond a 16-bit output
 
 
 def test_torch_compile_capture_runs_the_stand_ins():

@@ -186,16 +186,35 @@ def test_micro_step_is_the_longer_of_cpu_dispatch_and_gpu_kernels(gemms, side, a
     assert step(a).gpu_s == step(b).gpu_s == step({}).gpu_s
 
 
-@pytest.mark.xfail(strict=True, raises=KnownMiss, reason="host-bound micro-steps on the lent H100 run 1.5-2.3x "
-                   "longer than modelled (BERT-large mb 8, BLOOM-560m's checkpointed steps): host work the model does "
-                   "not count")
+#: The host-bound step the model still misses, with what was measured: BERT-large's fully checkpointed micro-step at
+#: micro-batch 8 took 182 ms on the lent H100 (its GPU kernels about 46 ms, its uncheckpointed twin 59 ms), the model's
+#: host 130 ms: its recompute costs the host 5.1 ms a block, twice the 2.7-2.9 ms of GPT-2's, BLOOM-560m's and
+#: Llama-3.2-1B's blocks, which the model's per-op and per-block costs reproduce.
+HOST_MISSES = {"bert-large-uncased-s512-bf16-mixed-full-mb8"}
+
+
+def _host_bound() -> list[dict]:
+    return [row for row in _h100_rows() if _h100_modelled(row).parts.bound() == "CPU-bound"]
+
+
 def test_a_host_bound_micro_step_takes_what_the_lent_h100_measured():
     """Every measured step the model calls host-bound (its dispatch longer than its kernels), its micro-step within
-    `AS_CLOSE_AS_ITS_INPUTS` of the measured one. The known defect's misses are all modelled short."""
-    bound = [row for row in _h100_rows() if _h100_modelled(row).parts.bound() == "CPU-bound"]
-    assert bound
-    outside = {_label(r): _micro_step(r) / r["micro_step_s"] for r in bound if not _within(_micro_step(r),
-                                                                                            r["micro_step_s"])}
+    `AS_CLOSE_AS_ITS_INPUTS` of the measured one, but the documented miss (`HOST_MISSES`)."""
+    bound = _host_bound()
+    assert len(bound) >= 8
+    outside = {_label(r): _micro_step(r) / r["micro_step_s"] for r in bound
+               if _label(r) not in HOST_MISSES and not _within(_micro_step(r), r["micro_step_s"])}
+    assert not outside, outside
+
+
+@pytest.mark.xfail(strict=True, raises=KnownMiss, reason="BERT-large's fully checkpointed micro-step at micro-batch 8 "
+                   "takes 182 ms on the lent H100 against 130 modelled: its recompute costs the host 5.1 ms a block, "
+                   "twice what the other models' blocks do")
+def test_bert_larges_checkpointed_host_bound_step_takes_what_the_lent_h100_measured():
+    rows = [r for r in _host_bound() if _label(r) in HOST_MISSES]
+    assert rows
+    outside = {_label(r): _micro_step(r) / r["micro_step_s"] for r in rows
+               if not _within(_micro_step(r), r["micro_step_s"])}
     assert all(ratio < 1 for ratio in outside.values()), outside
     if outside:
         raise KnownMiss(outside)
@@ -232,15 +251,15 @@ def _pairs(first: str, second: str) -> list[tuple[dict, dict]]:
             if key[5] == first and (*key[:5], second) in rows]
 
 
-#: Pairs whose measured cost of full checkpointing the model misses (product defect, planner/speed): in these bf16
-#: steps full checkpointing costs 1.6-4.5x more than modelled (GPT-2 mb 4: 33.0 ms measured, 7.3 modelled).
-FULL_COSTS_MORE = {"gpt2-s1024-bf16-mixed-none-mb4", "bloom-560m-s1024-bf16-mixed-none-mb2",
-                   "Llama-3.2-1B-s2048-bf16-mixed-none-mb1", "bert-large-uncased-s512-bf16-mixed-none-mb8",
-                   "bert-large-uncased-s512-bf16-mixed-none-mb32"}
+#: Pairs whose measured cost of full checkpointing the model misses (product defect, planner/speed): BERT-large's
+#: recompute costs the host 5.1 ms a block on the lent H100 (mb 8: 123 ms measured over 24 blocks, 52 modelled; mb 32:
+#: 52 measured, 32 modelled), twice what GPT-2's, BLOOM-560m's and Llama-3.2-1B's blocks cost, which pass.
+FULL_COSTS_MORE = {"bert-large-uncased-s512-bf16-mixed-none-mb8", "bert-large-uncased-s512-bf16-mixed-none-mb32"}
 
 
-_FULL_COSTS_MORE = pytest.mark.xfail(strict=True, raises=AssertionError, reason="full checkpointing costs 1.6-4.5x "
-                                     "more than modelled in these bf16 steps: unmodelled work in the recompute")
+_FULL_COSTS_MORE = pytest.mark.xfail(strict=True, raises=AssertionError, reason="BERT-large's full checkpointing costs "
+                                     "1.6-2.4x more than modelled: its recompute's host work per block is twice the "
+                                     "other models'")
 
 
 @pytest.mark.parametrize("none, full", [
@@ -255,7 +274,8 @@ def test_full_checkpointing_costs_what_the_lent_h100_measured(none, full):
 @pytest.mark.parametrize("selective, full", [
     pytest.param(*pair, id=_label(pair[0]), marks=pytest.mark.xfail(
         strict=True, raises=AssertionError, reason="selective checkpointing saves ~4x more than modelled against "
-        "full in BLOOM-560m's steps at micro-batch 4: its recompute of the attention and MLP costs more than modelled"))
+        "full in BLOOM-560m's steps at micro-batch 4 on the lent H100 (35-37 ms measured, 8.5 modelled): these "
+        "GPU-bound steps run BLOOM's kernels 1.3-1.4x longer than modelled, the recompute selective skips with them"))
     for pair in _pairs("selective", "full")])
 def test_selective_checkpointing_saves_what_the_lent_h100_measured(selective, full):
     """Full checkpointing's micro-step minus selective's at one micro-batch (what selective saves: the recompute of
@@ -514,6 +534,26 @@ def test_sharded_blocks_hide_their_gathers_behind_the_block_before(blocks, gathe
     assert hidden == pytest.approx(least)
 
 
+@pytest.mark.parametrize("engine, zero_stage", [("torch", 0), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", 3)])
+def test_hidden_collectives_still_cost_the_compute_their_ncclsms(engine, zero_stage):
+    """A step's collectives: all of them (`communication_total`), what the compute does not hide, and the hidden rest
+    slowing the compute by NCCL's channels' share of the SMs (one CUDA block per channel): the step's communication
+    part is exactly that, and more compute hides more without ever hiding all."""
+    from planner.hardware.efficiency_data import nccl_channels_of
+
+    spec = resolve_model("openai-community/gpt2").spec
+    gpu = lookup_gpu("H100-80GB")
+    eff = efficiency(gpu.name)
+    cfg = Config(micro_batch=1, grad_accum=2, world_size=8, precision="bf16-mixed", checkpointing="none",
+                 zero_stage=zero_stage, offload="none", engine=engine)
+    short, long = (speed_comm.collectives(spec, cfg, 8, b, b * 1.5, gpu, eff) for b in (1e-4, 1.0))
+    assert short.total == pytest.approx(long.total) and 0 <= long.exposed <= short.exposed <= short.total
+    assert long.hidden > 0
+    share = nccl_channels_of(gpu).coll / eff.sm_count
+    assert speed_comm.contention_seconds(long.hidden, gpu, eff) == pytest.approx(long.hidden * share)
+    assert 0 < share < 0.5
+
+
 @pytest.mark.parametrize("backward_s", [0.0, 0.01, 1.0, 100.0])
 def test_ddp_waits_for_the_embedding_gradient_and_zero1_for_the_weight_gather(backward_s):
     """However long the backward, DDP's last bucket (a tied embedding table, ready last) is all-reduced after it;
@@ -685,7 +725,9 @@ def test_how_adam_runs_sets_what_the_host_issues():
 @pytest.mark.parametrize("model", [
     pytest.param("openai-community/gpt2", marks=pytest.mark.xfail(
         strict=True, raises=AssertionError, reason="GPT-2's fused AdamW step on the lent H100 takes up to 1.5x "
-        "longer than modelled (2.2-2.3 ms measured, 1.5 ms modelled)")),
+        "longer than modelled (1.95-2.33 ms measured, 1.54 modelled, all of it the fused kernel's bytes): the "
+        "probes time the step from a synchronised GPU, so the step's Python over GPT-2's 148 tensors runs before its "
+        "kernels, a cost the larger models' steps (modelled within 14 %) do not show apart")),
     "bigscience/bloom-560m", "meta-llama/Llama-3.2-1B", "google-bert/bert-large-uncased"])
 def test_the_fused_adam_step_takes_what_the_lent_h100_measured(model):
     """Every bf16 and fp32 step of the model the lent H100 measured: its fused AdamW optimizer step (the Trainer's

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner import facts
 from planner.errors import UnknownGPUError
+from planner.hardware.host import HostCosts
 from planner.vocab import FLASH, FP8_COMPUTE, FP32, PRECISION
 
 #: The GPU we plan for when none is detected and none is named. Said so in the output.
@@ -52,6 +53,9 @@ class GPU(BaseModel):
     #: Inter-node bandwidth per GPU (Gb/s per direction) of the user's system, where they gave it (`--nic-gbps`);
     #: None: efficiency.json's figure for the GPU's usual system (planner/hardware/efficiency_data.py)
     nic_Gbps: float | None = None
+    #: The host costs of eager PyTorch measured where the plan runs, with this GPU (planner/hardware/host.py
+    #: `measured_here`); None: efficiency.json's figures for the GPU's usual system
+    host: HostCosts | None = None
     source: str
     sources: tuple[str, ...] = ()
     notes: str = ""

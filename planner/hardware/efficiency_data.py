@@ -15,6 +15,8 @@ from importlib import resources
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner import facts
+from planner.hardware.host import COSTS as HOST_COSTS
+from planner.hardware.host import HostCosts
 from planner.vocab import COMPUTE_DTYPES
 
 PREFIX = "efficiency:"
@@ -63,12 +65,18 @@ class Efficiency(BaseModel):
     checkpoint_block_python_ops: float  # one checkpointed block's host bookkeeping, in Python view ops
     checkpoint_policy_op_python_ops: float  # an op a selective-checkpointing policy's mode handles, in view ops
     attention: float                  # fused attention kernels' fraction of the tensor peak (fwd + bwd)
+    attention_fp32: float             # the same for fp32 attention (memory-efficient kernels on the fp32 pipes)
     nic_GBps: float                   # inter-node bandwidth per GPU, GB/s per direction
     network: str                      # the system that bandwidth is of ("given" where the user gave it)
     collective: float                 # NCCL bus bandwidth / link bandwidth within a node
     inter_node_collective: float      # the same across nodes, per GPU's NIC
     pcie: float                       # achieved / peak host-link bandwidth for pinned copies
     tiles: tuple[tuple[int, int], ...]
+    #: the host costs were measured where the plan runs (planner/hardware/host.py), not read from efficiency.json
+    host_measured: bool = False
+    #: the host costs are a micro-benchmark's (the simplest ops: a training step's cost more, `host.step_op_factor`),
+    #: not figures chosen to reproduce whole steps (efficiency.json's `micro_benchmark` on the dispatch entry)
+    host_micro_benchmark: bool = False
     #: the planner.facts keys of the efficiency.json entries these figures were read from (recorded on every use)
     fact_keys: tuple[str, ...] = Field(default=(), exclude=True, repr=False)
 
@@ -83,6 +91,18 @@ class Efficiency(BaseModel):
         """CPU-side cost of one op passing a selective-checkpointing policy's Python dispatch mode, at this host's
         view-op cost."""
         return self.checkpoint_policy_op_python_ops * self.python_op_us
+
+    @property
+    def host(self) -> HostCosts:
+        """The host costs these figures hold (measured, or the usual system's)."""
+        return HostCosts(**{name: getattr(self, name) for name in HOST_COSTS}, measured=self.host_measured)
+
+    def with_host(self, host: HostCosts) -> Efficiency:
+        """These figures on a host of other costs: measured ones are no longer read from efficiency.json."""
+        kept = tuple(key for key in self.fact_keys if key.rsplit(":", 1)[-1] not in HOST_COSTS)
+        return self.model_copy(update={**{name: getattr(host, name) for name in HOST_COSTS},
+                                       "host_measured": host.measured, "host_micro_benchmark": True,
+                                       "fact_keys": kept})
 
     def record(self) -> Efficiency:
         """Count the entries these figures come from as read (planner.facts); returns self."""
@@ -153,8 +173,10 @@ def _read(name: str) -> tuple[Efficiency, dict[str, tuple[str, ...]]]:
     system = network.get("system") or _default_nic()["system"]
     tiles = efficiency_json()["defaults"]["gemm_tiles"]
     read.paths[fact_key("defaults", "tiles")] = ("defaults", "gemm_tiles")  # one tile list for every GPU
+    dispatch = read.entry("dispatch_us", "launch_overhead_us", "eager_dispatch_us", numeric=True)
     eff = Efficiency(
         gpu=name, sm_count=int(read.figure("sm_count", "", "sm_count", own_only=True)), matmul=matmul,
+        host_micro_benchmark=bool(dispatch.get("micro_benchmark")),
         misaligned=read.figure("misaligned", "", "matmul_misaligned"),
         misaligned_align2=read.figure("misaligned_align2", "", "matmul_misaligned_align2"),
         hbm=read.figure("hbm", "", "hbm"), launch_us=overhead("gpu_side_us", "launch_us"),
@@ -165,6 +187,8 @@ def _read(name: str) -> tuple[Efficiency, dict[str, tuple[str, ...]]]:
         checkpoint_policy_op_python_ops=overhead("checkpoint_policy_op_python_ops"),
         attention=read.figure("attention", "attention", "fwd_bwd_fraction", "fwd_bwd_fraction_in_step",
                               "fwd_bwd_fraction_range"),
+        attention_fp32=read.figure("attention_fp32", "attention", "fwd_bwd_fraction_fp32", "fwd_bwd_fraction",
+                                   "fwd_bwd_fraction_in_step", "fwd_bwd_fraction_range"),
         nic_GBps=_number(network) / 8, network=system,
         collective=read.figure("collective", "network", "nccl_intra_allreduce_busbw_fraction",
                                "nccl_intra_over_pcie_fraction"),
@@ -192,11 +216,14 @@ def efficiency(gpu_name: str) -> Efficiency:
 
 def efficiency_of(gpu) -> Efficiency:
     """The efficiency figures of a GPU as the user's system has it: its inter-node bandwidth where they gave it
-    (`GPU.nic_Gbps`), else efficiency.json's for the GPU's usual system. Records the entries read."""
+    (`GPU.nic_Gbps`), else efficiency.json's for the GPU's usual system; its host's costs where they were measured
+    (`GPU.host`), else the usual system's. Records the entries read."""
     found = _table()[gpu.name]
     if gpu.nic_Gbps is not None:
         kept = tuple(key for key in found.fact_keys if not key.endswith(":nic_Gbps"))
         found = found.model_copy(update={"nic_GBps": gpu.nic_Gbps / 8, "network": "given", "fact_keys": kept})
+    if getattr(gpu, "host", None) is not None:
+        found = found.with_host(gpu.host)
     return found.record()
 
 

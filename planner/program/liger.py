@@ -402,10 +402,13 @@ def _make_flce(torch):
         def forward(ctx, x, weight, target, cuda, chunk_rows):
             loss, grad_input, grad_weight = flce_forward(x, weight, target, cuda, chunk_rows)
             ctx.save_for_backward(grad_input.detach(), grad_weight.detach() if grad_weight is not None else None)
+            ctx.chunk_rows = chunk_rows
             return loss
 
         @staticmethod
         def backward(ctx, grad_output):
+            if ctx.chunk_rows is not None:  # `torch.equal(grad_output, ...)` reads a comparison on the host (:420)
+                ctx.chunk_rows.host_waits()
             grad_input, grad_weight = ctx.saved_tensors
             grad_input.mul_(grad_output)
             if grad_weight is not None:
@@ -447,11 +450,11 @@ def flce_forward(x, weight, target, cuda: bool, chunk_rows=None):
     """`fused_linear_cross_entropy_forward` (ops/fused_linear_cross_entropy.py:51-412) with the Triton CE kernel as one
     in-place op on each chunk's logits: the loss, grad_input (x's shape and dtype, :108) and grad_weight (the weight's
     dtype, None for a frozen weight, :114-123). `cuda` picks CUDA's paths (the persistent logits buffer and the
-    in-place `addmm` weight-gradient accumulation, for compute capability 8.0+); `chunk_rows(n)`, where given, is a
-    context in which the op profile takes a chunk's n rows as the step's tokens (planner/program/trace.py
-    `_tokens_as`: a chunk's rows grow with the micro-batch, the chunk count does not); without it only the first and
-    last chunks run (`_chunk_starts`). The host's `.item()` of the label count (:131-132) cannot run on fake tensors
-    and is left out."""
+    in-place `addmm` weight-gradient accumulation, for compute capability 8.0+); `chunk_rows`, where given, is told
+    where the host waits for the GPU (`host_waits`: the `.item()` of the label count, :131-132, which cannot run on
+    fake tensors) and `chunk_rows(n, relabel)` is the context the chunk loop runs in for the op profile, a chunk's n
+    rows taken as the step's tokens where `relabel` (planner/program/trace.py `ChunkRows`: a chunk's rows grow with
+    the micro-batch, the chunk count does not); without it only the first and last chunks run (`_chunk_starts`)."""
     import torch
 
     tokens, hidden = x.shape
@@ -464,7 +467,9 @@ def flce_forward(x, weight, target, cuda: bool, chunk_rows=None):
     target_mask.sum()
     mm_out = _mm_out(x, weight, cuda)
     storage = torch.empty((chunk, vocab), dtype=x.dtype, device=x.device) if mm_out else None
-    rows = chunk_rows(chunk) if chunk_rows is not None and chunk not in (hidden, vocab) else contextlib.nullcontext()
+    if chunk_rows is not None:  # the host's `.item()` of the label count (:131-132)
+        chunk_rows.host_waits()
+    rows = chunk_rows(chunk, chunk not in (hidden, vocab)) if chunk_rows is not None else contextlib.nullcontext()
     with rows:
         for start in _chunk_starts(tokens, chunk, every=chunk_rows is not None):
             end = min(start + chunk, tokens)

@@ -45,6 +45,8 @@ FULL = FP32_COMPUTE
 PY_KERNELS, PY_VIEWS, MODULE_CALLS = "python_kernels", "python_views", "module_calls"
 ENGINE_KERNELS, ENGINE_VIEWS = "engine_kernels", "engine_views"
 PYTHON_DISPATCH = (PY_KERNELS, PY_VIEWS, MODULE_CALLS)
+#: Kernels a compiled graph's generated wrapper launches: no autograd, autocast or module Python around them
+GRAPH_KERNELS = "graph_kernels"
 #: Ops a selective-checkpointing policy handles: torch's per-op SAC runs a Python TorchDispatchMode over every op of a
 #: checkpointed block, in its forward and again in its recompute (torch/utils/checkpoint.py
 #: `_CachingTorchDispatchMode`, `_CachedTorchDispatchMode`, each calling the policy)
@@ -80,14 +82,28 @@ class Profile:
     #: what the CPU dispatches, by who issues it (DISPATCH_KINDS): Python issues the forward's kernels and views
     #: and calls the nn.Modules; the autograd engine (C++) issues the backward's
     dispatch: dict[str, float] = field(default_factory=dict)
+    #: the step's ops up to each point where the host waits for the GPU within it, in order (a `.item()` or a
+    #: comparison read on the host, as Liger's fused loss does: liger_kernel ops/fused_linear_cross_entropy.py:131-132
+    #: and :420): the host cannot run ahead past such a point, so the work between two of them overlaps apart
+    syncs: tuple["Profile", ...] = ()
 
     def to_json(self) -> dict:
-        return {"matmuls": self.matmuls, "attention": self.attention, "memory": self.memory, "dispatch": self.dispatch}
+        out = {"matmuls": self.matmuls, "attention": self.attention, "memory": self.memory, "dispatch": self.dispatch}
+        return out | ({"syncs": [p.to_json() for p in self.syncs]} if self.syncs else {})
 
     @staticmethod
     def from_json(data: dict) -> "Profile":
         return Profile(dict(data["matmuls"]), {k: list(v) for k, v in data["attention"].items()},
-                       {k: list(v) for k, v in data["memory"].items()}, dict(data["dispatch"]))
+                       {k: list(v) for k, v in data["memory"].items()}, dict(data["dispatch"]),
+                       tuple(Profile.from_json(p) for p in data.get("syncs", ())))
+
+    def copy(self) -> "Profile":
+        """A copy whose tables can change apart from this one's (`syncs` are shared: they are never changed)."""
+        return Profile(dict(self.matmuls), {k: list(v) for k, v in self.attention.items()},
+                       {k: list(v) for k, v in self.memory.items()}, dict(self.dispatch), self.syncs)
+
+    def without_syncs(self) -> "Profile":
+        return Profile(self.matmuls, self.attention, self.memory, self.dispatch)
 
     def gemms(self):
         """(count, [b, m, n, k], dtype class, phase, which of b, m, n, k grow with tokens) per matmul key."""
@@ -116,8 +132,10 @@ class Profile:
                     out[key] = mix(va or 0.0, vb or 0.0)
             return out
 
+        syncs = tuple(a.extrapolated(b, l1, l2, layers) for a, b in zip(self.syncs, other.syncs)) \
+            if len(self.syncs) == len(other.syncs) else ()
         return Profile(mix_dict(self.matmuls, other.matmuls), mix_dict(self.attention, other.attention),
-                       mix_dict(self.memory, other.memory), mix_dict(self.dispatch, other.dispatch))
+                       mix_dict(self.memory, other.memory), mix_dict(self.dispatch, other.dispatch), syncs)
 
     def scaled_add(self, other: "Profile", factor: float, *, matmul_factor: float | None = None,
                    attention: bool = True, policy: bool = False) -> "Profile":
@@ -126,8 +144,7 @@ class Profile:
         block's Python forward whatever is kept: its dispatches count in full. With `policy` a per-op policy's
         dispatch mode handles each of the block's forward ops twice (`POLICY_OPS`)."""
         mm_factor = factor if matmul_factor is None else matmul_factor
-        out = Profile(dict(self.matmuls), {k: list(v) for k, v in self.attention.items()},
-                      {k: list(v) for k, v in self.memory.items()}, dict(self.dispatch))
+        out = self.copy()  # recomputation runs in the backward: after any sync of the forward
         for kind in PYTHON_DISPATCH:
             out.count(kind, factor * other.dispatch.get(kind, 0.0))
         if policy:
@@ -148,7 +165,8 @@ class Profile:
         """This step under torch.compile: per phase, the memory-bound kernels' bytes and count scaled by Inductor's
         fusion (planner/program/compiled.py); GEMMs and attention unchanged. The host no longer runs the modules'
         Python nor the autograd engine op by op: Inductor's generated wrapper (Python) launches each kernel, GEMMs
-        and attention included, so every launched kernel counts as one Python-issued kernel and views cost nothing."""
+        and attention included, so every launched kernel counts as one graph-launched kernel (`GRAPH_KERNELS`) and
+        views cost nothing."""
         memory = {}
         for key, (scaled, fixed, count) in self.memory.items():
             phase = key.split(",")[1]
@@ -156,7 +174,7 @@ class Profile:
         launched = (sum(self.matmuls.values()) + sum(v[3] for v in self.attention.values())
                     + sum(v[2] for v in memory.values()))
         return Profile(dict(self.matmuls), {k: list(v) for k, v in self.attention.items()}, memory,
-                       {PY_KERNELS: launched})
+                       {GRAPH_KERNELS: launched}, tuple(p.compiled(bytes_ratio, kernel_ratio) for p in self.syncs))
 
     def minus(self, other: "Profile") -> "Profile":
         """This profile less `other`, entry by entry (never below zero): one block, from two depths."""
@@ -173,6 +191,14 @@ class Profile:
         return Profile(sub(self.matmuls, other.matmuls), sub(self.attention, other.attention),
                        sub(self.memory, other.memory), sub(self.dispatch, other.dispatch))
 
+    def synced(self) -> list["Profile"] | None:
+        """The step as the host runs it apart around its syncs: the ops before the first, between each two, after the
+        last (None: no sync)."""
+        if not self.syncs:
+            return None
+        marks = [Profile()] + list(self.syncs) + [self.without_syncs()]
+        return [later.minus(earlier) for earlier, later in zip(marks, marks[1:])]
+
 
 class OpRecorder(TorchDispatchMode):
     """Records the cost of every op into a Profile. `tokens` and `micro_batch` are the traced step's, so that
@@ -188,6 +214,11 @@ class OpRecorder(TorchDispatchMode):
         self.phase = "forward"
         self.regions = regions
         self.shallower = Profile() if regions is not None and regions.layers > 1 else None
+
+    def synchronised(self) -> None:
+        """The host waits for the GPU here (a `.item()` the step runs): what the profiles hold so far runs before it."""
+        for profile in [self.profile] + ([self.shallower] if self.shallower is not None else []):
+            profile.syncs += (Profile.from_json(profile.without_syncs().to_json()),)
 
     def profiles(self) -> list[Profile]:
         """The profiles the current op counts in."""
@@ -233,6 +264,7 @@ class OpRecorder(TorchDispatchMode):
         profile.count(PY_KERNELS if python else ENGINE_KERNELS)
         if name in _MATMULS:
             self._matmul(profile, name, args)
+            self._accumulated(profile, name, args, kwargs, out)
         elif name in _GROUPED_MATMULS:
             self._grouped_matmul(profile, args)
         elif name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
@@ -270,6 +302,23 @@ class OpRecorder(TorchDispatchMode):
                          for x, d in enumerate((batch, m, n, k)))
         key = f"{batch},{m},{n},{k},{_dtype_class(a.dtype)},{self.phase},{scaled}"
         profile.matmuls[key] = profile.matmuls.get(key, 0.0) + 1
+
+    def _accumulated(self, profile: Profile, name, args, kwargs, out) -> None:
+        """What an addmm or baddbmm moves beyond its GEMM's operands and 16-bit output, when it adds a whole matrix
+        rather than a bias row: cuBLAS reads that matrix (beta 1), after ATen has copied it into the result where
+        the result is another tensor (aten/src/ATen/native/cuda/Blas.cpp `addmm_out_cuda_impl`, `baddbmm_out_cuda_impl`:
+        `result.copy_(self)` before the GEMM; a 1-D bias goes to cuBLASLt's bias epilogue instead), and a wider
+        output writes its extra bytes (Liger's fused loss accumulates its weight gradient into an fp32 matrix, chunk
+        after chunk: liger_kernel ops/fused_linear_cross_entropy.py:326-349). Bytes only: no kernel of its own."""
+        added, result = args[0], _tensors(out)[0]
+        if not isinstance(added, torch.Tensor) or added.dim() < 2 or name not in ("addmm", "baddbmm"):
+            return
+        written = result.numel() * args[_MATMULS[name][0]].element_size()
+        copied = 0 if kwargs.get("out") is added else result.numel() * result.element_size()
+        scaled, fixed = self._token_bytes(result)
+        extra = (result.numel() * result.element_size()) * 2 - written + copied  # read C, wider write, the copy
+        entry = profile.memory.setdefault(f"{_dtype_class(result.dtype)},{self.phase}", [0.0, 0.0, 0.0])
+        entry[0 if scaled else 1] += extra
 
     def _grouped_matmul(self, profile: Profile, args) -> None:
         """torch._grouped_mm, as transformers' default `grouped_mm` experts run a mixture of experts

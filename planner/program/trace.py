@@ -16,7 +16,6 @@ disk (JSON).
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
@@ -43,7 +42,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 25
+CACHE_VERSION = 26
 
 
 @dataclass(frozen=True)
@@ -481,18 +480,32 @@ def liger_stand_ins(req: TraceRequest, model, recorder: OpRecorder | None = None
     patches = patches_for(model.config, task_of_class(type(unwrap(model)).__name__)) if req.liger else None
     if patches is None:
         return contextlib.nullcontext()
-    rows = functools.partial(_tokens_as, recorder) if recorder is not None else None
+    rows = ChunkRows(recorder) if recorder is not None else None
     return stand_ins(model, patches, cuda=req.autocast_device == "cuda", chunk_rows=rows)
 
 
+class ChunkRows:
+    """What the op profile does around Liger's fused loss: its chunk loop (`__call__`, `_tokens_as`) and the host's
+    waits for the GPU (`host_waits`: the recorder marks the step's ops so far as run before it)."""
+
+    def __init__(self, recorder: OpRecorder):
+        self.recorder = recorder
+
+    def __call__(self, rows: int, relabel: bool = True):
+        return _tokens_as(self.recorder, rows, relabel)
+
+    def host_waits(self) -> None:
+        self.recorder.synchronised()
+
+
 @contextlib.contextmanager
-def _tokens_as(recorder: OpRecorder, rows: int):
-    """The op profile counts `rows` (a chunk of the step's tokens) as the step's token count for the length of the
-    block, then folds the GEMMs the block ran into one per shape, its rows those of all the chunks: as the micro-batch
-    grows a chunked loop keeps its chunk count and grows its chunks, and a GEMM of the chunks' rows scaled by the
-    speed model keeps its FLOPs and its rows' alignment (a chunk's rows scaled by a fraction are misaligned for
-    planner/speed/kernels.py `gemm_fraction`)."""
-    tokens, recorder.tokens = recorder.tokens, rows
+def _tokens_as(recorder: OpRecorder, rows: int, relabel: bool = True):
+    """A chunked loop over the step's tokens. With `relabel` the op profile counts `rows` (a chunk of the step's
+    tokens) as the step's token count for the length of the block, then folds the GEMMs each chunk ran into one batched
+    GEMM of as many chunks: as the micro-batch grows a chunked loop keeps its chunk count and grows its chunks, each
+    chunk's GEMMs reading the weights again (planner/speed/kernels.py times a batch's operands per member)."""
+    tokens = recorder.tokens
+    recorder.tokens = rows if relabel else tokens
     kept = [p for p in (recorder.profile, recorder.shallower) if p is not None]
     before = [dict(p.matmuls) for p in kept]
     try:
@@ -500,19 +513,19 @@ def _tokens_as(recorder: OpRecorder, rows: int):
     finally:
         recorder.tokens = tokens
         for profile, counts in zip(kept, before):
-            _fold_gemms(profile.matmuls, counts)
+            if relabel:
+                _fold_gemms(profile.matmuls, counts)
 
 
 def _fold_gemms(matmuls: dict[str, float], before: dict[str, float]) -> None:
-    """The GEMMs added to `matmuls` since `before` whose token-marked dimensions are a chunk's, as one GEMM each with
-    those dimensions times the count (keys as planner/program/profile.py `Profile.matmuls` writes them)."""
+    """The unbatched GEMMs added to `matmuls` since `before` whose token-marked dimensions are a chunk's, as one GEMM
+    per shape batched over its count (keys as planner/program/profile.py `Profile.matmuls` writes them)."""
     for key, count in list(matmuls.items()):
         added = count - before.get(key, 0.0)
         b, m, n, k, dtype, phase, scaled = key.split(",")
-        if added <= 0 or "1" not in scaled:
+        if added <= 0 or "1" not in scaled or b != "1":
             continue
-        dims = [int(float(d)) * (int(added) if flag == "1" else 1) for d, flag in zip((b, m, n, k), scaled)]
-        folded = ",".join(map(str, (*dims, dtype, phase, scaled)))
+        folded = ",".join((str(int(added)), m, n, k, dtype, phase, scaled))
         matmuls[key] = count - added
         if not matmuls[key]:
             del matmuls[key]

@@ -9,7 +9,7 @@ from functools import lru_cache
 from planner import facts
 from planner.config import Config
 from planner.hardware import GPU
-from planner.hardware.efficiency_data import Efficiency
+from planner.hardware.efficiency_data import Efficiency, nccl_channels_of
 from planner.memory.gpu import DeepSpeedBuckets
 from planner.models.spec import ModelSpec
 from planner.program.float8 import Float8Linears, converts
@@ -118,17 +118,37 @@ def sharded_exposed_seconds(layers: int, gather_s: float, regather_s: float, red
     return forward + backward
 
 
+@dataclass(frozen=True)
+class Collectives:
+    """An optimizer step's data-parallel and sharding collectives: all their time, and the part of it the compute does
+    not hide."""
+
+    total: float = 0.0
+    exposed: float = 0.0
+
+    @property
+    def hidden(self) -> float:
+        return self.total - self.exposed
+
+
 def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_s: float, micro_s: float, gpu: GPU,
                           eff: Efficiency) -> float:
-    """Collectives per optimizer step that the compute does not hide, bucket by bucket against the backward's
-    timeline (`gradient_buckets`): DDP all-reduces its buckets in the last micro-step's backward (accumulating
-    micro-steps skip the sync); DeepSpeed ZeRO-1 reduce-scatters its reduce buckets in that backward and ZeRO-2 in
-    every micro-step's (deepspeed/runtime/zero/stage_1_and_2.py `reduce_ready_partitions_and_remove_grads`), both
-    gathering the updated 16-bit weights after the step (`step`: `all_gather_dp_groups`), which nothing overlaps;
-    ZeRO-3 / FSDP gather and reduce-scatter block by block (`sharded_exposed_seconds`), float8 weights in 1 byte."""
+    """The collectives per optimizer step the compute does not hide (`collectives`)."""
+    return collectives(spec, cfg, per_node, backward_s, micro_s, gpu, eff).exposed
+
+
+def collectives(spec: ModelSpec, cfg: Config, per_node: int, backward_s: float, micro_s: float, gpu: GPU,
+                eff: Efficiency) -> Collectives:
+    """Collectives per optimizer step, and what of them the compute does not hide, bucket by bucket against the
+    backward's timeline (`gradient_buckets`): DDP all-reduces its buckets in the last micro-step's backward
+    (accumulating micro-steps skip the sync); DeepSpeed ZeRO-1 reduce-scatters its reduce buckets in that backward and
+    ZeRO-2 in every micro-step's (deepspeed/runtime/zero/stage_1_and_2.py `reduce_ready_partitions_and_remove_grads`),
+    both gathering the updated 16-bit weights after the step (`step`: `all_gather_dp_groups`), which nothing
+    overlaps; ZeRO-3 / FSDP gather and reduce-scatter block by block (`sharded_exposed_seconds`), float8 weights in 1
+    byte."""
     world, n = cfg.shard_ranks, cfg.grad_accum  # a tensor-parallel rank reduces its 1/tp over the others
     if world <= 1:
-        return 0.0
+        return Collectives()
     # A data-parallel group has per_node / tp ranks on each node (tensor parallelism stays inside a node), so it
     # crosses nodes whenever the job does, however few ranks it has.
     per_node = max(1, per_node // cfg.tensor_parallel)
@@ -141,18 +161,33 @@ def communication_seconds(spec: ModelSpec, cfg: Config, per_node: int, backward_
     if cfg.engine == TORCH:
         caps = (facts.get("ddp.first_bucket_bytes"), facts.get("ddp.bucket_cap_bytes"))  # rebuilt in backward order
         buckets = gradient_buckets(spec, grad_bytes, caps)
-        return exposed_seconds(buckets, backward_s, lambda nbytes: 2 * ring(nbytes))
+        return Collectives(total=sum(2 * ring(b.nbytes) for b in buckets),
+                           exposed=exposed_seconds(buckets, backward_s, lambda nbytes: 2 * ring(nbytes)))
     if cfg.engine == DEEPSPEED and cfg.zero_stage in (1, 2):
         cap = DeepSpeedBuckets.for_hidden(spec.hidden).reduce_bucket_size * grad_bytes
-        reduce = exposed_seconds(gradient_buckets(spec, grad_bytes, (cap,)), backward_s, ring)
-        return (n if cfg.zero_stage == 2 else 1) * reduce + ring(weights16)
+        buckets = gradient_buckets(spec, grad_bytes, (cap,))
+        times = n if cfg.zero_stage == 2 else 1
+        return Collectives(total=times * sum(ring(b.nbytes) for b in buckets) + ring(weights16),
+                           exposed=times * exposed_seconds(buckets, backward_s, ring) + ring(weights16))
     layers = max(1, spec.layers)
     if converts(cfg):  # torchao's float8 all-gather under FSDP2
         weights16 = Float8Linears.of(spec).gathered_bytes(spec.parameters, cfg.weight_bytes())
     gather, reduce = ring(weights16) / layers, ring(spec.trainable_parameters * grad_bytes) / layers
     # FSDP2's stage 2 (reshard_after_forward=False) keeps the forward's gathered weights for the backward
     regather = gather if cfg.zero_stage == 3 else 0.0
-    return n * sharded_exposed_seconds(layers, gather, regather, reduce, micro_s - backward_s, backward_s)
+    return Collectives(total=n * layers * (gather + regather + reduce),
+                       exposed=n * sharded_exposed_seconds(layers, gather, regather, reduce, micro_s - backward_s,
+                                                           backward_s))
+
+
+def contention_seconds(hidden_s: float, gpu: GPU, eff: Efficiency) -> float:
+    """What collectives running beside the compute cost it: NCCL runs one CUDA block per channel (NCCL's environment
+    variables documentation, NCCL_MIN_NCHANNELS: "increasing the number of channels also increases the number of CUDA
+    blocks NCCL uses"), each holding an SM the compute's kernels would otherwise fill, so while they run the compute
+    proceeds on the rest: `hidden_s` of collectives slow it by their channels' share of the SMs."""
+    if hidden_s <= 0:
+        return 0.0
+    return hidden_s * nccl_channels_of(gpu).coll / eff.sm_count
 
 
 def offload_seconds(spec: ModelSpec, cfg: Config, gpu: GPU, eff: Efficiency) -> float:

@@ -76,7 +76,8 @@ class DataSpeed:
         computed = size.tokens / (cfg.grad_accum * cfg.data_parallel)
         parts = full.parts
         share = min(1.0, computed / (cfg.micro_batch * row))
-        parts = parts.model_copy(update={"compute": cfg.grad_accum * max(parts.micro_gpu * share, parts.micro_cpu)})
+        parts = parts.model_copy(update={"compute": cfg.grad_accum * (max(parts.micro_gpu * share, parts.micro_cpu)
+                                                                     + parts.micro_wait)})
         step = parts.total
         full_tokens = cfg.global_batch * row  # what `full` timed: every row full
         return ThroughputInfo(tokens_per_s=size.tokens / step, real_tokens_per_s=size.real_tokens / step,

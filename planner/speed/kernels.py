@@ -20,7 +20,9 @@ from planner.hardware.efficiency_data import Efficiency
 from planner.models.adapters import NF4_FACTS
 from planner.models.spec import ModelSpec
 from planner.program.float8 import Float8Linears
-from planner.program.profile import ENGINE_KERNELS, ENGINE_VIEWS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile
+from planner.program.profile import (
+    ENGINE_KERNELS, ENGINE_VIEWS, GRAPH_KERNELS, HALF, MODULE_CALLS, POLICY_OPS, PY_KERNELS, PY_VIEWS, Profile,
+)
 from planner.vocab import BF16_COMPUTE, CHECKPOINTING, FP8_COMPUTE, FP32_COMPUTE, PRECISION
 
 
@@ -114,22 +116,46 @@ def host_link(gpu: GPU, eff: Efficiency) -> float:
 class MicroStep:
     gpu_s: float
     cpu_s: float
+    #: (GPU, host) seconds of the stretches between the host's waits for the GPU within the micro-step (empty: none)
+    segments: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def wait_s(self) -> float:
+        """What the host's waits for the GPU within the micro-step add (`synced_wait`)."""
+        return synced_wait(self.segments) if self.segments else 0.0
 
     @property
     def seconds(self) -> float:
-        """The CPU dispatches asynchronously: the longer of the two is the micro-step."""
-        return max(self.gpu_s, self.cpu_s)
+        """The CPU dispatches asynchronously: the longer of the two is the micro-step, plus its syncs' wait."""
+        return max(self.gpu_s, self.cpu_s) + self.wait_s
+
+    def on_host(self, scale: float) -> "MicroStep":
+        """The same step on a host `scale` times as slow."""
+        return MicroStep(gpu_s=self.gpu_s, cpu_s=self.cpu_s * scale,
+                         segments=tuple((g, c * scale) for g, c in self.segments))
+
+
+def synced_wait(segments: list[tuple[float, float]]) -> float:
+    """What a step's syncs add: each (GPU, host) segment between them runs as the longer of its two, the host unable
+    to run ahead into the next; against the longer of their sums."""
+    gpu, cpu = sum(g for g, _ in segments), sum(c for _, c in segments)
+    return max(0.0, sum(max(g, c) for g, c in segments) - max(gpu, cpu))
 
 
 def cpu_seconds(profile: Profile, eff: Efficiency) -> float:
     """The CPU's side of a micro-step: every kernel launched (from Python or the autograd engine), every view op
-    (Python's cost more: argument parsing), every nn.Module call, every op a selective-checkpointing policy's Python
-    dispatch mode handles."""
+    (Python's cost more: argument parsing), every nn.Module call, each at the host's cost, which where it is a
+    micro-benchmark's (`Efficiency.host_micro_benchmark`) is scaled by what an eager training step's ops cost beyond
+    it (`host.step_op_factor`: autograd recording, autocast, the allocator, model code's Python); every kernel a
+    compiled graph's wrapper launches, at the host's cost alone; and every op a selective-checkpointing policy's
+    Python dispatch mode handles (a cost measured on the policy's own code)."""
     d = profile.dispatch
-    us = (d.get(PY_KERNELS, 0.0) * eff.dispatch_us + d.get(ENGINE_KERNELS, 0.0) * eff.engine_dispatch_us
-          + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
-          + d.get(MODULE_CALLS, 0.0) * eff.module_call_us + d.get(POLICY_OPS, 0.0) * eff.checkpoint_policy_op_us)
-    return us * 1e-6
+    eager = (d.get(PY_KERNELS, 0.0) * eff.dispatch_us + d.get(ENGINE_KERNELS, 0.0) * eff.engine_dispatch_us
+             + d.get(PY_VIEWS, 0.0) * eff.python_op_us + d.get(ENGINE_VIEWS, 0.0) * eff.cpp_op_us
+             + d.get(MODULE_CALLS, 0.0) * eff.module_call_us)
+    factor = facts.get("host.step_op_factor") if eager and eff.host_micro_benchmark else 1.0
+    return (eager * factor + d.get(GRAPH_KERNELS, 0.0) * eff.dispatch_us
+            + d.get(POLICY_OPS, 0.0) * eff.checkpoint_policy_op_us) * 1e-6
 
 
 @dataclass(frozen=True)
@@ -156,7 +182,8 @@ def device_time(profile: Profile, scale: float, precision: str, gpu: GPU, eff: E
         # a tensor-parallel slice still takes a whole GEMM's latency
         gemm_s += count * (seconds if tp == 1 else max(seconds / tp, rules.latency_s))
     for key, (fl, scaled, fixed, count) in profile.attention.items():
-        peak = gpu.peak_tflops_for(compute_dtype(precision, key.startswith(HALF))) * 1e12 * eff.attention
+        cdtype = compute_dtype(precision, key.startswith(HALF))
+        peak = gpu.peak_tflops_for(cdtype) * 1e12 * (eff.attention_fp32 if cdtype == FP32_COMPUTE else eff.attention)
         moved = scaled * scale + fixed
         attention_s += max(fl * scale / peak / tp, moved / bandwidth(gpu, eff) / tp, count * eff.launch_us * 1e-6)
     for scaled, fixed, count in profile.memory.values():  # streaming time plus each kernel's fixed cost
@@ -175,10 +202,17 @@ def micro_step(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Ef
     its streaming time plus its fixed cost (`Efficiency.launch_us`: launch, ramp-up and tail, the per-kernel floor of
     a queue of tiny kernels), the latency-bandwidth form. The larger of the two, which torchao's roofline takes
     (torchao/testing/training/roofline_utils.py `get_tensor_memory_traffic_ovhd_s`), leaves the mid-sized kernels
-    of small HF steps without the cost they pay on top of their bytes."""
-    gpu_s = device_time(profile, scale, precision, gpu, eff, tp, tp_share).seconds
-    cpu_s = cpu_seconds(profile, eff) + checkpointed_blocks * eff.checkpoint_block_us * 1e-6
-    return MicroStep(gpu_s=gpu_s, cpu_s=cpu_s)
+    of small HF steps without the cost they pay on top of their bytes. A step whose host waits for the GPU within it
+    (`Profile.syncs`) overlaps the work between two waits apart (`synced_wait`)."""
+    bookkeeping = checkpointed_blocks * eff.checkpoint_block_us * 1e-6
+    synced = profile.synced()
+    if synced is None:
+        return MicroStep(gpu_s=device_time(profile, scale, precision, gpu, eff, tp, tp_share).seconds,
+                         cpu_s=cpu_seconds(profile, eff) + bookkeeping)
+    segments = [(device_time(part, scale, precision, gpu, eff, tp, tp_share).seconds, cpu_seconds(part, eff))
+                for part in synced]
+    segments[-1] = (segments[-1][0], segments[-1][1] + bookkeeping)  # recomputation runs in the backward
+    return MicroStep(gpu_s=sum(g for g, _ in segments), cpu_s=sum(c for _, c in segments), segments=tuple(segments))
 
 
 def float8_gemm_change(profile: Profile, scale: float, precision: str, gpu: GPU, eff: Efficiency,

@@ -19,12 +19,12 @@ from planner.program.float8 import Float8Linears, converts
 from planner.program.profile import Profile
 from planner.program.sequence import sequence_split_share
 from planner.speed.communication import (
-    communication_seconds, offload_seconds, sequence_split_seconds, tensor_parallel_seconds,
+    collectives, contention_seconds, offload_seconds, sequence_split_seconds, tensor_parallel_seconds,
 )
 from planner.speed.kernels import (
     MicroStep, dequantize_seconds, float8_cast_time, float8_gemm_change, micro_step,
 )
-from planner.speed.optimizer import optimizer_seconds
+from planner.speed.optimizer import optimizer_step
 from planner.vocab import CHECKPOINTING, FUSED_STEP, AdamStep
 
 class StepParts(BaseModel):
@@ -41,9 +41,16 @@ class StepParts(BaseModel):
     #: that first step's compile time itself, paid once per run (not part of `total`)
     compile_once: float = 0.0
     #: one micro-step's GPU kernel time and CPU dispatch time as modelled, before any probe calibration (`compute`
-    #: takes the longer per micro-step; not part of `total`)
+    #: takes the longer per micro-step, plus `micro_wait`; not part of `total`)
     micro_gpu: float = 0.0
     micro_cpu: float = 0.0
+    #: what the host's waits for the GPU within a micro-step add to it (Liger's fused loss reads a count with
+    #: `.item()`): the work before the wait and after it overlap apart (not part of `total`)
+    micro_wait: float = 0.0
+    #: all the step's collectives, hidden or not (not part of `total`): the data-parallel and sharding ones, of which
+    #: `communication` holds what the compute does not hide plus what the hidden ones slow it by (their NCCL blocks
+    #: hold SMs), and the tensor-parallel and sequence-split exchanges the micro-steps wait for (inside `compute`)
+    communication_total: float = 0.0
 
     def bound(self) -> str | None:
         """What binds a micro-step as modelled: the GPU's kernels or the CPU's dispatch of them (None: not
@@ -84,6 +91,11 @@ class ThroughputInfo(BaseModel):
     real_tokens_per_s: float | None = None
     #: the FLOPs the GPU executes (recomputation included, masked attention tiles skipped) over its dense peak
     hfu: float = 0.0
+    #: the step time on the fastest and on the slowest host behind the usual system's host figures (facts
+    #: `host.dispatch_us_range`): how much of the step's time turns on a host the plan did not measure. None where the
+    #: host was measured where the plan runs, or the step was not modelled (a probe's)
+    step_time_fast_host_s: float | None = None
+    step_time_slow_host_s: float | None = None
     #: the speed model's own step time where measurements or measured errors corrected `step_time_s` (None: it is
     #: the model's)
     model_step_time_s: float | None = None
@@ -94,11 +106,23 @@ class ThroughputInfo(BaseModel):
         return self.step_time_s if self.model_step_time_s is None else self.model_step_time_s
 
     def corrected(self, step_s: float, source: str, parts: StepParts | None = None) -> "ThroughputInfo":
-        """The same step corrected to take `step_s` seconds by `source` (its parts rescaled alike unless given),
-        keeping the model's own step time."""
+        """The same step corrected to take `step_s` seconds by `source` (its parts and its step on other hosts
+        rescaled alike unless given), keeping the model's own step time."""
         scale = step_s / self.step_time_s if self.step_time_s > 0 else 1.0
         parts = parts if parts is not None else self.parts.scaled(scale)
-        return self.at_step_time(step_s, parts=parts, source=source, model_step_time_s=self.modelled_step_time_s)
+        hosts = {name: (value * scale if value is not None else None) for name, value in
+                 (("step_time_fast_host_s", self.step_time_fast_host_s),
+                  ("step_time_slow_host_s", self.step_time_slow_host_s))}
+        return self.at_step_time(step_s, parts=parts, source=source, model_step_time_s=self.modelled_step_time_s,
+                                 **hosts)
+
+    @property
+    def host_spread(self) -> tuple[float, float]:
+        """The step on the fastest and on the slowest known host over the planned one (1, 1: the host was measured
+        here, or the step is not modelled)."""
+        if self.step_time_fast_host_s is None or self.step_time_slow_host_s is None or self.step_time_s <= 0:
+            return 1.0, 1.0
+        return self.step_time_fast_host_s / self.step_time_s, self.step_time_slow_host_s / self.step_time_s
 
     @property
     def useful_tokens_per_s(self) -> float:
@@ -109,9 +133,11 @@ class ThroughputInfo(BaseModel):
         """The same step's work done in `step_s` seconds: every rate rescaled (`update` sets other fields)."""
         ratio = self.step_time_s / step_s if step_s > 0 else 1.0
         real = None if self.real_tokens_per_s is None else self.real_tokens_per_s * ratio
+        hosts = {f"step_time_{end}_host_s": None if getattr(self, f"step_time_{end}_host_s") is None
+                 else getattr(self, f"step_time_{end}_host_s") / ratio for end in ("fast", "slow")}
         return self.model_copy(update={"tokens_per_s": self.tokens_per_s * ratio, "real_tokens_per_s": real,
                                        "samples_per_s": self.samples_per_s * ratio, "mfu": self.mfu * ratio,
-                                       "hfu": self.hfu * ratio, "step_time_s": step_s, **update})
+                                       "hfu": self.hfu * ratio, "step_time_s": step_s, **hosts, **update})
 
 
 @dataclass(frozen=True)
@@ -197,8 +223,34 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
     """The optimizer step's time for `cfg`. A compiled step runs Inductor's fused kernels, and its checkpointed blocks
     recompute inside the compiled backward graph, without torch.utils.checkpoint's host work; its device time carries
     the measured residual (`inductor.compiled_device_residual`). Records the GPU's efficiency figures as read (the
-    setup holds them across calls)."""
-    spec, gpu, eff, profile = setup.spec, setup.gpu, setup.eff.record(), traced.profile
+    setup holds them across calls). Where the host was not measured, the step is also timed on the fastest and the
+    slowest known host (`host_range`)."""
+    spec = setup.spec
+    setup.eff.record()
+    micro, compile_once = _micro_step(setup, cfg, traced)
+    share = _memo(setup.timed if micro.profile is traced.profile else {}, ("backward", id(micro.profile)),
+                  micro.profile, _backward_share)
+    parts = step_parts(setup, cfg, micro.step, share, compile_once)
+    total = parts.total
+    tokens = cfg.global_batch * setup.seq_len
+    peak = setup.gpu.peak_tflops(cfg.precision) * 1e12 * cfg.world_size
+    model_flops, executed = (sum(flops_per_token(spec, setup.seq_len, mode)) * tokens
+                             for mode in (None, cfg.checkpointing))
+    fast, slow = host_range(setup, cfg, micro.step, share, compile_once)
+    return ThroughputInfo(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
+                          mfu=model_flops / total / peak, hfu=executed / total / peak, step_time_s=total, parts=parts,
+                          step_time_fast_host_s=fast, step_time_slow_host_s=slow)
+
+
+@dataclass(frozen=True)
+class _Timed:
+    step: MicroStep
+    profile: Profile    # the profile it was timed from (a compiled step's is made for the call)
+
+
+def _micro_step(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> tuple[_Timed, float]:
+    """One micro-step of `cfg` with the collectives it waits for, and torch.compile's one-off compile time."""
+    spec, gpu, eff, profile = setup.spec, setup.gpu, setup.eff, traced.profile
     blocks = spec.layers if CHECKPOINTING[cfg.checkpointing].enabled else 0
     compile_once, residual = 0.0, 1.0
     if cfg.compiled and traced.compile_effect is not None:
@@ -218,21 +270,37 @@ def step_time(setup: SpeedSetup, cfg: Config, traced: TracedStep) -> ThroughputI
     micro = replace(micro, gpu_s=micro.gpu_s * residual + extra)
     if converts(cfg):
         micro = _with_float8(micro, setup, cfg, traced, profile, scale)
-    backward = micro.seconds * _memo(timed, ("backward", id(profile)), profile, _backward_share)
-    parts = StepParts(
-        compute=cfg.grad_accum * micro.seconds,
-        optimizer=optimizer_seconds(spec, cfg, setup.optimizer, gpu, eff, setup.gpus_per_node, setup.adam_step),
-        communication=communication_seconds(spec, cfg, setup.gpus_per_node, backward, micro.seconds, gpu, eff),
+    return _Timed(step=micro, profile=profile), compile_once
+
+
+def step_parts(setup: SpeedSetup, cfg: Config, micro: MicroStep, backward_share: float, compile_once: float,
+               host_scale: float = 1.0) -> StepParts:
+    """Where an optimizer step of `cfg` goes, its micro-step `micro`, on a host `host_scale` times as slow as the
+    setup's (the optimizer's host side with it)."""
+    spec, gpu, eff = setup.spec, setup.gpu, setup.eff
+    micro = micro.on_host(host_scale) if host_scale != 1.0 else micro
+    optimizer = optimizer_step(spec, cfg, setup.optimizer, gpu, eff, setup.gpus_per_node, setup.adam_step)
+    backward = micro.seconds * backward_share
+    comm = collectives(spec, cfg, setup.gpus_per_node, backward, micro.seconds, gpu, eff)
+    in_compute = cfg.grad_accum * (tensor_parallel_seconds(spec, cfg, setup.seq_len, setup.gpus_per_node, gpu, eff)
+                                   + sequence_split_seconds(spec, cfg, setup.seq_len, setup.gpus_per_node, gpu, eff))
+    return StepParts(
+        compute=cfg.grad_accum * micro.seconds, optimizer=optimizer.on_host(host_scale).seconds,
+        communication=comm.exposed + contention_seconds(comm.hidden, gpu, eff),
         offload=offload_seconds(spec, cfg, gpu, eff),
         compile=compile_once / setup.train_steps if setup.train_steps else 0.0, compile_once=compile_once,
-        micro_gpu=micro.gpu_s, micro_cpu=micro.cpu_s)
-    total = parts.total
-    tokens = cfg.global_batch * setup.seq_len
-    peak = gpu.peak_tflops(cfg.precision) * 1e12 * cfg.world_size
-    model_flops, executed = (sum(flops_per_token(spec, setup.seq_len, mode)) * tokens
-                             for mode in (None, cfg.checkpointing))
-    return ThroughputInfo(tokens_per_s=tokens / total, samples_per_s=cfg.global_batch / total,
-                          mfu=model_flops / total / peak, hfu=executed / total / peak, step_time_s=total, parts=parts)
+        micro_gpu=micro.gpu_s, micro_cpu=micro.cpu_s, micro_wait=micro.wait_s,
+        communication_total=comm.total + in_compute)
+
+
+def host_range(setup: SpeedSetup, cfg: Config, micro: MicroStep, backward_share: float,
+               compile_once: float) -> tuple[float | None, float | None]:
+    """The step time on the fastest and the slowest host behind the usual systems' figures (`host.dispatch_us_range`,
+    each host's costs in proportion to its kernel dispatch); (None, None) where the host was measured here."""
+    if setup.eff.host_measured:
+        return None, None
+    return tuple(step_parts(setup, cfg, micro, backward_share, compile_once, dispatch / setup.eff.dispatch_us).total
+                 for dispatch in facts.get("host.dispatch_us_range"))
 
 
 def _memo(timed: dict, key: tuple, profile: Profile, compute):
@@ -253,7 +321,7 @@ def _with_float8(micro: MicroStep, setup: SpeedSetup, cfg: Config, traced: Trace
     gemms = float8_gemm_change(profile, scale, cfg.precision, gpu, eff, float8)
     casts = float8_cast_time(float8, cfg.micro_batch * setup.seq_len * sequence_split_share(cfg), cfg.weight_bytes(),
                              cfg.compiled and traced.compile_effect is not None, gpu, eff)
-    return MicroStep(gpu_s=micro.gpu_s + gemms + casts.gpu_s, cpu_s=micro.cpu_s + casts.cpu_s)
+    return replace(micro, gpu_s=micro.gpu_s + gemms + casts.gpu_s, cpu_s=micro.cpu_s + casts.cpu_s)
 
 
 def _backward_share(profile: Profile) -> float:
