@@ -245,20 +245,7 @@ def skewed_dataset() -> Path:
 def predict(case: Case, gpu: str):
     """The case's pinned plan (its files are what runs) and its prediction (`runs.plan_prediction`: the plan's own
     figures, the facts they read, the planner that made them)."""
-    from planner import facts, plan
-    from planner.errors import NoFitError
-    from planner.receipts import Prediction, planner_tree, planner_version
-
-    request = request_of(case, gpu)
-    with facts.recording() as used:
-        try:
-            draft = plan(request["model"], request["global_batch"], detect=False, use_receipts=False,
-                         **{k: v for k, v in request.items() if k not in ("model", "global_batch")})
-        except NoFitError as err:
-            draft = err.plan
-    model, printed = runs.candidate_figures(draft.choice)
-    prediction = Prediction(model=model, printed=printed, tree=planner_tree(), version=planner_version(),
-                            facts=tuple(sorted(used)))
+    prediction, draft = runs.plan_prediction(request_of(case, gpu))
     return draft, prediction
 
 

@@ -1,7 +1,9 @@
 """Evidence labels, computed from git alone: a receipt is **first-look** when the commit that predicted it precedes
 the commit that added its measurement, and no fact's `fitted_to` names it; every other receipt is **development**.
 
-The commit that predicted a receipt is the earliest commit whose planner/ folder is the tree its prediction records
+A fact fitted to a run after its prediction was made does not unmake the first look (the planner that predicted it
+did not have it): the facts read are those of the predicting commit. The commit that predicted a receipt is the
+earliest commit whose planner/ folder is the tree its prediction records
 (planner/receipts/source.py: the git tree hash of the planner that ran, which a machine without git computes alike);
 a prediction made with uncommitted changes names no commit and is development. The commit that added its measurement
 is the first commit in which the file it was first written to (`Receipt.data_file`: a benchmarks/data table, a
@@ -23,6 +25,8 @@ from planner.receipts import Receipt
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELS = ROOT / "benchmarks" / "results" / "labels.json"
+#: Where a planner keeps the facts whose `fitted_to` name what they were fitted to.
+FACTS, EFFICIENCY = "planner/facts", "planner/hardware/efficiency.json"
 FIRST_LOOK, DEVELOPMENT = "first-look", "development"
 PENDING = "not committed yet"
 
@@ -58,6 +62,7 @@ class History:
     def __init__(self, root: Path = ROOT):
         self.root = root
         self._added: dict[str, list[tuple[str, str]]] = {}
+        self._fitted: dict[str, frozenset[str]] = {}
 
     def git(self, *args: str, stdin: str | None = None) -> str | None:
         return git(*args, stdin=stdin, root=self.root)
@@ -104,6 +109,20 @@ class History:
                 return commit
         return None
 
+    def fitted_to(self, commit: str) -> frozenset[str]:
+        """Everything the facts of `commit`'s planner were fitted to: every `fitted_to` in its facts files and its
+        efficiency.json."""
+        if commit not in self._fitted:
+            listed = (self.git("ls-tree", "--name-only", commit, f"{FACTS}/") or "").split()
+            paths = [p for p in listed if p.endswith(".json")] + [EFFICIENCY]
+            found: set[str] = set()
+            for path in paths:
+                text = self.git("show", f"{commit}:{path}")
+                if text:
+                    found |= _fitted_to(json.loads(text))
+            self._fitted[commit] = frozenset(found)
+        return self._fitted[commit]
+
     def precedes(self, earlier: str, later: str | None) -> bool:
         """`earlier` is an ancestor of `later` and not `later` itself (None: the next commit, which HEAD's whole
         history precedes)."""
@@ -112,20 +131,31 @@ class History:
         return earlier != later and self.git("merge-base", "--is-ancestor", earlier, later) is not None
 
 
-def fitted_by(receipt: Receipt) -> tuple[str, ...]:
-    """The facts whose `fitted_to` names the receipt: its row, every row of its data file, or its source."""
+def _fitted_to(node) -> set[str]:
+    """Every name listed under a "fitted_to" key anywhere in a JSON value."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found |= set(value) if key == "fitted_to" and isinstance(value, list) else _fitted_to(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _fitted_to(value)
+    return found
+
+
+def names_of(receipt: Receipt) -> set[str]:
+    """How a fact's `fitted_to` would name the receipt: its row, every row of its data file, or its source."""
     file_name = Path(receipt.data_file).name if receipt.data_file else ""
-    names = {facts.source_key(receipt.source)} | ({facts.row_name(file_name, "*"), facts.row_name(file_name,
-                                                                                                     receipt.id)}
-                                                  if file_name else set())
-    return tuple(sorted(key for key, fact in facts.all_facts().items() if names & set(fact.fitted_to)))
+    rows = {facts.row_name(file_name, "*"), facts.row_name(file_name, receipt.id)} if file_name else set()
+    return {facts.source_key(receipt.source)} | rows
 
 
 def label(receipt: Receipt, receipts_file: str, history: History) -> Label:
     """The receipt's label: first-look iff its predicting commit precedes the commit that added its measurement and
-    no fact was fitted to it. `receipts_file`: the repository path of the file that holds it."""
-    fitted = fitted_by(receipt)
+    no fact of the planner that predicted it was fitted to it. `receipts_file`: the repository path of the file that
+    holds it."""
     predicted_at = history.trees.get(receipt.predicted.tree or "")
+    fitted = tuple(sorted(names_of(receipt) & history.fitted_to(predicted_at))) if predicted_at else ()
     first_file = receipt.data_file or receipts_file
     measured_at = history.first_holding(first_file, receipt.id)
     if measured_at is None and receipt.data_file:  # its table is not committed yet: the receipts file decides
@@ -150,5 +180,5 @@ def labels_json(found: dict[str, Label]) -> str:
     return json.dumps({key: vars(value) for key, value in sorted(found.items())}, indent=1, sort_keys=True) + "\n"
 
 
-__all__ = ["DEVELOPMENT", "FIRST_LOOK", "History", "LABELS", "Label", "PENDING", "fitted_by", "git", "label", "labels",
+__all__ = ["DEVELOPMENT", "FIRST_LOOK", "History", "LABELS", "Label", "PENDING", "git", "label", "labels",
            "labels_json"]

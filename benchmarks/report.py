@@ -108,10 +108,10 @@ def benchmark_section(bench: runs.Benchmark, scored: list[Run]) -> list[str]:
                 lines.append(f"| {WHAT[kind].lower()} | {s['runs']} | {when} | {_pct(s['median_abs'])} | "
                              f"{_pct(s['p90_abs'])} | {_pct(s['worst_abs'])} | {_signed(s['bias'])} | "
                              f"{_pct(s['under'])} |")
-    fitted = sorted({k for r in mine for f in r.figures.values() for k in f.fitted} |
-                    {k for r in mine for k in r.label.fitted_by})
+    fitted = sorted({k for r in mine for f in r.figures.values() for k in f.fitted})
     if fitted:
-        lines += ["", f"Facts fitted to these runs: {', '.join(f'`{k}`' for k in fitted)}."]
+        lines += ["", f"Facts of today's planner fitted to these runs (their figures draw no error bar): "
+                      f"{', '.join(f'`{k}`' for k in fitted)}."]
     return lines + ["", f"What it cannot show: {bench.cannot_show}", ""]
 
 

@@ -132,12 +132,31 @@ def model_of(model):
 
 def plan_prediction(request: dict) -> tuple[Prediction, object]:
     """The prediction of the configuration `request` pins, made by the plan itself (`pinned`), with the facts it read
-    and the planner that made it; and the plan."""
+    (in all, and those the memory and the step time of that configuration read apart) and the planner that made it;
+    and the plan."""
     with facts.recording() as used:
         draft = pinned(request)
     model, printed = candidate_figures(draft.choice)
     return Prediction(model=model, printed=printed, tree=planner_tree(), version=planner_version(),
-                      facts=tuple(sorted(used))), draft
+                      facts=tuple(sorted(used)), figure_facts=figure_facts(request, draft.choice.config)), draft
+
+
+def figure_facts(request: dict, cfg) -> dict[str, tuple[str, ...]]:
+    """The facts the memory and the step time of `cfg` read, each apart, as the plan of `request` computes them
+    (its job's memory evaluator and speed model: cached, so each reads what its result was made from)."""
+    from planner.planning import resolve_hardware, resolve_job  # lazy: the planner's pipeline, for its parts
+    from planner.request import PlanRequest
+
+    fields = {k: v for k, v in request.items() if k not in ("model", "global_batch")}
+    plan_request = PlanRequest.of(model=model_of(request["model"]), global_batch=request["global_batch"],
+                                  use_receipts=False, **fields)
+    job = resolve_job(plan_request, resolve_hardware(plan_request, detect=False))
+    found = {}
+    for kind, compute in (("memory", job.evaluator.estimate), ("throughput", job.speed)):
+        with facts.recording() as used:
+            compute(cfg)
+        found[kind] = tuple(sorted(used))
+    return found
 
 
 def receipt_of(*, id: str, source: str, data_file: str, request: dict, measured: dict, device: Device,

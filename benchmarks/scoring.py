@@ -78,11 +78,13 @@ class Run:
 
 
 def _fitted(prediction: Prediction | None, receipt: Receipt, kind: str) -> tuple[str, ...]:
-    """The facts a prediction of `kind` read that were fitted to the run (the margin's and the error bars' facts
-    count for no figure here: no predicted peak holds them)."""
+    """The facts the prediction of the figure of `kind` read that were fitted to the run (all the prediction read
+    where it did not record them by figure; the margin's and the error bars' facts count for no figure here: no
+    predicted peak holds them)."""
     if prediction is None:
         return ()
-    used = [k for k in prediction.facts if k not in MARGIN_FACTS and not k.startswith(ERROR_PREFIX)]
+    read = prediction.figure_facts.get(kind, prediction.facts)
+    used = [k for k in read if k not in MARGIN_FACTS and not k.startswith(ERROR_PREFIX)]
     return tuple(facts.in_sample_by(used, Path(receipt.data_file).name, receipt.id, receipt.source))
 
 

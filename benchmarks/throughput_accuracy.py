@@ -444,7 +444,7 @@ def receipt_of(case: Case, row: evidence.Row):
     return Receipt(id=case.id, source=case.source, data_file=f"benchmarks/data/{case.data_file}", plan=plan,
                    device=runs.published_device(case.gpu, world), predictor="throughput_accuracy",
                    predicted=Prediction(model=step, printed=step, tree=planner_tree(), version=planner_version(),
-                                        facts=row.facts_used),
+                                        facts=row.facts_used, figure_facts={"throughput": row.facts_used}),
                    measured=Figures(step_time_s=row.measured), note="; ".join(case.notes))
 
 
@@ -459,7 +459,7 @@ def predict_again(receipt):
     with facts.recording() as used:
         step = Figures(step_time_s=predict_step(case, {}))
     return Prediction(model=step, printed=step, tree=planner_tree(), version=planner_version(),
-                      facts=tuple(sorted(used)))
+                      facts=tuple(sorted(used)), figure_facts={"throughput": tuple(sorted(used))})
 
 
 # ------------------------------------------------------------------------------------------------ folds

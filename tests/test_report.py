@@ -31,6 +31,7 @@ def test_check_names_a_stale_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(report, "ROOT", tmp_path)
     monkeypatch.setattr(report, "ERRORS", tmp_path / "errors.json")
     monkeypatch.setattr(report, "README", tmp_path / "README.md")
+    monkeypatch.setattr(report.provenance, "LABELS", tmp_path / "labels.json")
     assert report.main(["--check"]) == 1
     assert "accuracy.md" in capsys.readouterr().err and stale.read_text().endswith("old figures\n")
 
@@ -154,11 +155,23 @@ def test_first_look_iff_the_predicting_commit_precedes_the_measurement_and_nothi
     assert label(_receipt("pending", later), path, history).evidence == FIRST_LOOK  # not committed yet
 
 
-def test_a_fact_fitted_to_a_run_makes_it_development(repo):
-    fitted = _receipt("early", tree_hash(repo / "planner"),
-                      source="benchmarks/results/gpu_validation-H100-80GB-2026-11-22-choice.json (python3 x)")
-    found = label(fitted, "benchmarks/results/receipts/b.json", History(repo))
-    assert found.evidence == DEVELOPMENT and found.fitted_by  # efficiency.json figures name that source
+def test_a_fact_fitted_to_a_run_before_its_prediction_makes_it_development_one_fitted_after_does_not(repo):
+    source = "benchmarks/results/gpu_validation-H100-80GB-2026-11-22-choice.json (python3 x)"
+    before = tree_hash(repo / "planner")
+    facts_folder = repo / "planner" / "facts"
+    facts_folder.mkdir()
+    (facts_folder / "host.json").write_text('{"host.x": {"fitted_to": ["trainplan:gpu_validation-H100-80GB"]}}')
+    _commit(repo, "a fact fitted to those runs")
+    after = tree_hash(repo / "planner")
+    results = repo / "benchmarks" / "results" / "receipts"
+    results.mkdir(parents=True)
+    (results / "b.json").write_text('{"receipts": [{"id": "early"}, {"id": "late"}]}')
+    _commit(repo, "the runs measured")
+    history, path = History(repo), "benchmarks/results/receipts/b.json"
+    late = label(_receipt("late", after, source), path, history)
+    assert late.evidence == DEVELOPMENT and late.fitted_by == ("trainplan:gpu_validation-H100-80GB",)
+    early = label(_receipt("early", before, source), path, history)  # its planner had no such fact yet
+    assert early.evidence == FIRST_LOOK and early.fitted_by == ()
 
 
 def test_the_committed_runs_are_labelled_as_git_says():

@@ -106,13 +106,15 @@ class Prediction(_Strict):
     """The prediction made for the run before it ran: the model's own figures (`model`) and what the plan printed
     (`printed`: the model corrected by error bars or earlier receipts; the model's where nothing corrected it), and
     the planner that made it: `tree`, the git tree hash of its planner/ folder, which names the commit it was made at
-    (planner/receipts/source.py), and the facts it read."""
+    (planner/receipts/source.py), and the facts it read, in all and for each kind of figure."""
 
     model: Figures = Figures()
     printed: Figures = Figures()
     tree: str | None = None
     version: str | None = None
     facts: tuple[str, ...] = ()
+    #: the facts each figure's prediction read, by kind ("memory", "throughput"), where a benchmark recorded them
+    figure_facts: dict[str, tuple[str, ...]] = {}
 
 
 class Receipt(_Strict):
