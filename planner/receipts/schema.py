@@ -184,7 +184,7 @@ def parse(data: Any, *, believed: bool = True) -> Receipt:
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     schema = data.get("schema")
-    if schema not in READS:
+    if isinstance(schema, bool) or schema not in READS:
         raise ValueError(f"not a receipt (schema {schema!r}; this trainplan reads {', '.join(map(str, READS))})")
     try:  # JSON mode: strict about types, as JSON has them (an array is a tuple's, a string never a number)
         receipt = Receipt.model_validate_json(json.dumps(data if schema == SCHEMA else _upgraded(data)))
