@@ -634,7 +634,7 @@ def _float8_notes(job: Job, ranked: list[Candidate]) -> list[Note]:
         other = choice.config.model_copy(update={"precision": BF16_MIXED})
         if other.problem() or choice.throughput is None:
             return []
-        return [note("fp8", converted=linears.converted_layers, linears=linears.total_layers,
+        return [note("fp8-chosen", converted=linears.converted_layers, linears=linears.total_layers,
                      fp8_step_s=choice.throughput.step_time_s, bf16_step_s=job.speed(other).step_time_s,
                      fp8_peak=choice.memory.peak, bf16_peak=job.evaluator.estimate(other).peak)]
     lost = [c for c in ranked if c.fits and c.config.precision == fp8 and c.throughput is not None]

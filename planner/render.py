@@ -14,7 +14,7 @@ from planner.notes import Lever, Note, Verdict
 from planner.request import as_flags
 from planner import facts
 from planner.uncertainty import BY_ROWS, NO_MARGIN
-from planner.vocab import DEEPSPEED, ESTIMATE, PACKING
+from planner.vocab import ADAMW_8BIT, DEEPSPEED, ESTIMATE, OK, PACKING, PROBE
 
 GiB = 2**30
 GB = 10**9  # host memory is in GB, as --host-memory and the machines' specs give it
@@ -175,7 +175,7 @@ def speed_line(tp, error) -> str:
 
 def _speed_source(source: str) -> str:
     return {"model": "modelled", "calibrated": "modelled, calibrated by probes",
-            "receipts": "modelled, calibrated on earlier runs on this GPU: see the note", "probe": "measured",
+            "receipts": "modelled, calibrated on earlier runs on this GPU: see the note", PROBE: "measured",
             "probe+model": "measured, communication modelled"}[source]
 
 
@@ -307,7 +307,7 @@ def probes_table(plan) -> Table:
         table.add_column(column, justify="left" if column in ("configuration", "status") else "right")
     for record in plan.probes:
         m = record.measurement
-        ok = m.status == "ok"
+        ok = m.status == OK
         table.add_row(record.config, m.status + (" (cached)" if m.cached else ""),
                       fmt_tokens(record.predicted_tokens_per_s) if record.predicted_tokens_per_s else "—",
                       fmt_tokens(m.tokens_per_s * record.world_size) if ok else "—",
@@ -461,7 +461,7 @@ def verdict_text(v: Verdict) -> str:
         return f"offload needs {gib(v.peak)} of host memory per node > {gib(v.budget)}"
     if v.kind == "states-over":
         return f"model states alone {gib(v.peak)} > budget {gib(v.budget)}"
-    measured, calibrated = v.method == "probe", v.method in CALIBRATED_BY
+    measured, calibrated = v.method == PROBE, v.method in CALIBRATED_BY
     if v.kind == "fits":
         if measured:
             return f"measured: peak {gib(v.peak)} of {gib(v.budget)} budget"
@@ -564,7 +564,7 @@ NOTE_TEXT = {
     "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
                                   "installed here, so --liger auto did not weigh it: pip install -e \".[liger]\", "
                                   "or --liger on to plan with it."),
-    "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
+    "fp8-chosen": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
                       f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
                       f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x), "
                       f"peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
@@ -695,8 +695,8 @@ def suggestion_text(s: Lever) -> str:
                                  f"{v['host_budget'] / GB:.0f} GB per node planned for: on a machine with more"),
         "offload": lambda: (f"Offload: ZeRO-3 with optimizer and parameters in CPU memory needs {v['peak'] / GiB:.1f} "
                             f"GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
-        "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
-                               f"peak {v['peak'] / GiB:.1f} GiB fits"),
+        ADAMW_8BIT: lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
+                             f"peak {v['peak'] / GiB:.1f} GiB fits"),
         "adapters": lambda: ("Adapters instead of full fine-tuning: " + _adapters_tried(v)
                              + (f"; {v[v['fits'] + '_label']} fits one {v['gpu']}" if v.get("gpu") else ", which fits")),
         "adapters-short": lambda: "Adapters do not fit either: " + _adapters_tried(v) + ".",

@@ -67,7 +67,7 @@ def suggestions(plan, evaluator, gpu, offload: str, sequence: str = "seq_len") -
         out.append(_offload_lever(plan, off, budget, offload))
     eight = _with_optimizer(evaluator, ADAMW_8BIT, world, precision, smallest["zero3"], batch)
     if plan.optimizer != ADAMW_8BIT and eight.peak <= budget:
-        out.append(lever("adamw-8bit", {"optimizer": ADAMW_8BIT}, peak=eight.peak))
+        out.append(lever(ADAMW_8BIT, {"optimizer": ADAMW_8BIT}, peak=eight.peak))
     shorter = _shorter_sequence(plan, evaluator, best, budget, world, precision, NO_OFFLOAD, smallest["zero3"])
     if shorter:
         out.append(lever("shorter-sequence", {sequence: shorter}, seq_len=shorter))

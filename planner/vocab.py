@@ -537,6 +537,8 @@ ESTIMATE: dict[str, EstimateInfo] = {
                                        False, False, False, True),
 }
 EstimateMethod = Literal[tuple(ESTIMATE)]  # type: ignore[valid-type]
+#: A number measured by a probe (an estimate's method, a speed's source)
+PROBE = "probe"
 
 
 #: What measuring a candidate can end in (`planner.types.Measurement.status`).
