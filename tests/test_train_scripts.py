@@ -83,6 +83,16 @@ def test_a_bf16_plan_trains_fp32_on_a_cpu_without_bf16_and_its_files_keep_bf16(m
     assert json.loads((tmp_path / "run" / "training_args.json").read_text())["bf16"] is True
 
 
+def test_importing_the_trainer_after_trainplan_prints_no_import_notices():
+    """transformers imports torchao where it is installed; its notices about kernels no plan calls are dropped."""
+    pytest.importorskip("torchao", reason="the notices come from torchao's import")
+    code = "import planner, logging; logging.basicConfig(); from transformers import Trainer; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert "Failed to load" not in done.stderr and "Enum subclass" not in done.stderr, done.stderr[-2000:]
+
+
 @pytest.mark.long
 def test_a_liger_plan_s_arguments_run_on_a_cpu_and_say_what_they_turned_off(tmp_path, caplog):
     p = plan("meta-llama/Llama-3.1-8B", 64, gpu="A100-80GB", seq_len=1024, peft="lora", liger="on", detect=False)
