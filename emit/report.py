@@ -16,7 +16,7 @@ from emit.report_charts import (comparison_chart, dataset_chart, memory_chart, m
                                 receipts_chart, speed_chart, step_chart)
 from emit.report_svg import parallelism, speed, why_lost
 from planner.errors import InputError
-from planner.render import batch_line, fmt_tokens, gib, note_text
+from planner.render import batch_line, fmt_params, fmt_tokens, gib, note_text
 from planner.render import closeness, speed_line  # the header's speed and memory lines, worded as the terminal's
 
 
@@ -148,7 +148,7 @@ def _header(plan) -> str:
     """The answer at a glance, in the text view's words (render.py's lines, so page and terminal agree)."""
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg = c.config
-    facts_lines = [f"{m.name}: {m.parameters / 1e9:.3g}B parameters, {m.layers} layers, sequence {plan.seq_len:,}",
+    facts_lines = [f"{m.name}: {fmt_params(m.parameters)} parameters, {m.layers} layers, sequence {plan.seq_len:,}",
                    f"{h.nodes} x {h.gpus_per_node} x {h.gpu}{' (detected)' if h.detected else ''}: budget "
                    f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}"]
     choice = [batch_line(cfg, c.throughput, plan.seq_len), f"{cfg.precision}, checkpointing {cfg.checkpointing}, "

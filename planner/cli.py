@@ -371,7 +371,7 @@ def _report_error(err: TrainplanError, as_json: bool) -> None:
 def _report_no_fit(err: NoFitError, as_json: bool) -> None:
     if as_json:
         data = err.plan.to_json() if err.plan is not None else {}
-        data.update(error=err.message, suggestions=err.suggestions, exit_code=err.exit_code)
+        data.update(fits=False, error=err.message, suggestions=err.suggestions, exit_code=err.exit_code)
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
     render_no_fit(err, _stderr())

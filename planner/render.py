@@ -85,7 +85,7 @@ def summary(plan, explain: bool = False) -> Panel:
     """The answer at a glance; with `explain`, the model's and the hardware's details and where the step goes."""
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg, tp = c.config, c.throughput
-    model = f"{m.name}  {m.parameters / 1e9:.3g}B params, {m.layers} layers, seq {plan.seq_len}"
+    model = f"{m.name}  {fmt_params(m.parameters)} params, {m.layers} layers, seq {plan.seq_len}"
     gpus = (f"{h.nodes} x {h.gpus_per_node} x {h.gpu}{' (detected)' if h.detected else ''}: budget "
             f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}")
     offload = f"offload {cfg.offload}" + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)"
@@ -180,7 +180,18 @@ def _speed_source(source: str) -> str:
 
 
 def fmt_seconds(x: float) -> str:
-    return f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.3g} ms"
+    """Seconds to 2 decimals from a second up, else 3 digits in ms or µs (a tiny model's step is microseconds)."""
+    if x >= 1:
+        return f"{x:.2f} s"
+    return f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} µs"
+
+
+def fmt_params(n: int) -> str:
+    """A parameter count: billions from 0.1B up (0.559B, 6.74B), else millions, thousands or the count itself."""
+    for unit, scale in (("B", 1e8), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / (1e9 if unit == 'B' else scale):.3g}{unit}"
+    return f"{n:,}"
 
 
 def step_breakdown(tp, grad_accum: int) -> list[str]:
@@ -481,7 +492,7 @@ def verdict_text(v: Verdict) -> str:
 
 
 def _seconds(x) -> str:
-    return f"{x:.3g} s"
+    return f"{x:.3g} s" if x >= 1e-2 else fmt_seconds(x)
 
 
 def _compile_text(n: Note) -> str:
@@ -523,8 +534,8 @@ NOTE_TEXT = {
                           "is fp16 with dynamic loss scaling."),
     "tf32-gain": lambda v: (f"{v['gpu']} has TF32 tensor cores: --precision tf32 keeps fp32 weights, gradients and "
                             "memory and runs the matmuls on them (10-bit mantissa inputs, fp32 accumulation): step "
-                            f"{v['tf32_step_s']:.2f} s instead of {v['step_s']:.2f} s, {v['gain']:.2f}x faster "
-                            "(modelled)."),
+                            f"{fmt_seconds(v['tf32_step_s'])} instead of {fmt_seconds(v['step_s'])}, "
+                            f"{v['gain']:.2f}x faster (modelled)."),
     "no-tp-plan": lambda v: (f"No tensor parallelism: {v['architecture']} has no tensor-parallel plan in this "
                              "transformers (config.base_model_tp_plan), which accelerate's TP needs."),
     "no-tp-size": lambda v: f"No tensor parallelism: no size divides {v['kv_heads']} key/value heads.",

@@ -315,6 +315,7 @@ class Plan(BaseModel):
                       max_length=self.dataset.row_length if self.dataset else None)
         tp = self.choice.throughput
         return {
+            "fits": self.choice.fits,  # false: nothing fits, and `choice` is the closest configuration
             "model": self.model.model_dump(),
             "optimizer": self.optimizer,
             "attention": self.attention,
