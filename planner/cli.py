@@ -32,12 +32,12 @@ from rich.text import Text
 
 from emit import EmitOptions, check_destination, emit, launch_command, run_launch
 from emit.files import ACCELERATE_CONFIG
-from emit.report import check_report, receipt_rows, report_available, write_report
+from emit.report import check_report, receipt_rows, report_available, write_comparison_report, write_report
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
 from planner.models.presets import presets
 from planner.receipts import read_receipts
-from planner.render import comparison_table, render_no_fit, render_plan
+from planner.render import comparison_table, render_no_fit, render_plan, written
 from planner.request import PlanRequest, flag_of, input_error, option
 from planner.vocab import NO_OFFLOAD
 
@@ -229,12 +229,18 @@ def _compare(request: PlanRequest, run: RunOptions, script_args: list[str]) -> N
                              hint="Compare first, then plan (and emit) on the GPU you pick.")
     gpus = [g.strip() for g in run.compare_gpus.split(",") if g.strip()]
     prices = parse_prices(run.price or [])
+    if run.report is not None:
+        check_report(run.report, run.force)
     with _status("planning...") as update:
         rows = compare_gpus(request, gpus, prices=prices, progress=lambda g: update(f"planning on {g}"))
+    files = [write_comparison_report(rows, run.report, train_tokens=request.train_tokens, priced=bool(prices),
+                                     force=run.force)] if run.report is not None else []
     if run.as_json:
-        sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows]}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows], "files": files}, indent=2) + "\n")
         return
-    Console(highlight=False).print(comparison_table(rows, request.train_tokens, bool(prices)))
+    console = Console(highlight=False)
+    console.print(comparison_table(rows, request.train_tokens, bool(prices)))
+    written(console, files)
 
 
 def _check_listing(values: dict, run: RunOptions, script_args: list[str]) -> None:

@@ -404,7 +404,12 @@ def render_plan(plan, console: Console, explain: bool = False) -> None:
         console.print(f"[yellow]note:[/] {escape(note_text(note))}")
     if len(shown) < len(plan.notes):
         console.print(f"[dim]{len(plan.notes) - len(shown)} more note(s) and every alternative: --explain[/]")
-    for path in plan.files:
+    written(console, plan.files)
+
+
+def written(console, paths) -> None:
+    """The files a command wrote, a line each."""
+    for path in paths:
         console.print(f"[dim]wrote[/] {escape(path)}")
 
 
