@@ -206,6 +206,9 @@ FUZZ_CONFIGS = {  # config.json contents a fuzzer found that crashed (exit 3) or
     "hidden-str": {"hidden_size": "big"}, "hidden-negative": {"hidden_size": -256},
     "hidden-nan": {"hidden_size": float("nan")}, "layers-fraction": {"num_hidden_layers": 4.5},
     "heads-do-not-divide": {"hidden_size": 66}, "no-layers": {"num_hidden_layers": 0}, "no-vocab": {"vocab_size": 0},
+    # found by tests/test_input_properties.py: planned (exit 0), or a ZeroDivisionError inside transformers (exit 3)
+    "kv-heads-do-not-divide": {"num_key_value_heads": 3}, "architectures-str": {"architectures": "LlamaForCausalLM"},
+    "no-heads": {"num_attention_heads": 0}, "negative-positions": {"max_position_embeddings": -1},
 }
 
 
@@ -236,6 +239,11 @@ BAD_FLAGS = [
     (["--list-gpus", "--gpu", "Z100"], "--list-gpus"),
     (["--model", "gpt2", "--batch", "8", "--engine", "megatron"], "--engine"),
     (["--model", "gpt2", "--batch", "8", "--attention", "flash", "--gpu", "V100-16GB"], "--attention"),
+    # found by tests/test_input_properties.py: a target list naming nothing planned all-linear; pins that conflict
+    # were refused without naming a flag
+    (["--model", "gpt2", "--batch", "8", "--peft", "lora", "--lora-targets", ",,,"], "--lora-targets"),
+    (["--model", "gpt2", "--batch", "8", "--zero-stage", "1", "--offload", "optimizer+params"], "--offload"),
+    (["--model", "gpt2", "--batch", "8", "--gpus-per-node", "2", "--peft", "qlora", "--zero-stage", "3"], "--peft"),
 ]
 
 

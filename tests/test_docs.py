@@ -171,6 +171,18 @@ def test_every_block_is_found():
     assert {mark for _, _, mark, _ in BLOCKS} <= MARKS  # no block is only syntax-checked
 
 
+#: the longest line of README prose, in characters (a page read in a terminal or an editor, not a single line)
+PROSE_WIDTH = 200
+#: README lines another program writes (benchmarks/report.py's accuracy lines): its own test keeps them current
+GENERATED = re.compile(r"<!-- accuracy: generated.*?<!-- accuracy: end -->", re.S)
+
+
+def test_no_readme_prose_line_is_longer_than_a_page_is_wide():
+    text = GENERATED.sub("", FENCE.sub("", (ROOT / "README.md").read_text()))
+    long = [line[:60] for line in text.splitlines() if len(line) > PROSE_WIDTH]
+    assert not long, long
+
+
 #: module -> what in a block needs it (the extras the README's test command leaves out)
 NEEDS = {"trl": r"train_trl\.py|sft_config|SFTTrainer", "matplotlib": r"--report|\.report\(",
          "datasets": r"--dataset|train\.py"}
