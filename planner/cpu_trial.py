@@ -50,8 +50,12 @@ def _half_off(args: dict) -> list[str]:
     return []
 
 
+#: the 16-bit dtypes as the Trainer's flags name them
+SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+
+
 def fp32_line(name: str, dtype: str) -> str:
-    """The one line saying a CPU trial runs fp32 instead of the plan's 16-bit `dtype` (called `name`)."""
+    """The one line saying a CPU trial runs fp32 instead of the plan's `name` (bf16, fp16, bf16 weights) in `dtype`."""
     features = " or ".join(NATIVE_FEATURES[dtype][:2])
-    return (f"fp32 instead of {name}: this CPU has no native {name} ({features}; emulated it is tens of times slower); "
-            f"the plan's files keep {name}")
+    return (f"fp32 instead of {name}: this CPU has no native {SHORT[dtype]} ({features}; emulated it is tens of times "
+            f"slower); the plan's files keep {name}")

@@ -178,8 +178,9 @@ def why_empty(space: SearchSpace) -> tuple[str, str]:
                                     checkpointing=space.checkpointing[0], zero_stage=zero, offload=off, engine=engine)
                 except ValueError as err:
                     return str(err), _pinned_flag(space)
-                for problem, field in ((cfg.optimizer_problem(space.optimizer), "optimizer"),
-                                       (cfg.adapter_problem(space.adapter), "peft")):
+                problems = {"optimizer": cfg.optimizer_problem(space.optimizer),  # PlanRequest field: its problem
+                            "peft": cfg.adapter_problem(space.adapter)}
+                for field, problem in problems.items():
                     if problem:
                         return problem, flag_of(PlanRequest, field)
     return "the pinned options leave no configuration to plan", _pinned_flag(space)
