@@ -18,7 +18,8 @@ NATIVE_FEATURES = {"bfloat16": ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16"),
 
 @lru_cache(maxsize=1)
 def cpu_features() -> frozenset[str]:
-    """This CPU's features: torch.cpu.get_capabilities() (torch >= 2.9), else Linux's /proc/cpuinfo flags."""
+    """This CPU's features: torch.cpu.get_capabilities() (cpuinfo's detection, torch/cpu/__init__.py:36 in torch
+    2.13), else Linux's /proc/cpuinfo flags (torch releases without it)."""
     import torch
 
     get = getattr(torch.cpu, "get_capabilities", None)
