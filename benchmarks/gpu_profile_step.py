@@ -59,7 +59,7 @@ def profile_one(name: str, seq: int, precision: str, ckpt: str, mb: int, gpu_nam
     summary = folder / "profile.json"
     cmd = accelerate_command(folder / "accelerate_config.yaml",
                              ["-m", "probes.train", "--plan", str(folder), "--out", str(folder / "results"),
-                              "--steps", "2", "--warmup", "1", "--memory-peak" if peak else "--profile", str(summary)])
+                              "--steps", "3", "--warmup", "1", "--memory-peak" if peak else "--profile", str(summary)])
     _, stderr, code = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, 300, cwd=folder)
     row = {"model": name, "seq_len": seq, "precision": precision, "checkpointing": ckpt, "micro_batch": mb,
            "predicted_step_s": draft.choice.throughput.step_time_s, "exit": code}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import io
 from pathlib import Path
 
 from emit.write import atomic_write
@@ -16,7 +17,7 @@ from emit.report_charts import (comparison_chart, dataset_chart, memory_chart, m
                                 receipts_chart, speed_chart, step_chart)
 from emit.report_svg import parallelism, speed, why_lost
 from planner.errors import InputError
-from planner.render import batch_line, fmt_tokens, gib, note_text
+from planner.render import batch_line, comparison_table, fmt_params, fmt_tokens, gib, note_text
 from planner.render import closeness, speed_line  # the header's speed and memory lines, worded as the terminal's
 
 
@@ -61,6 +62,54 @@ def report_html(plan, *, comparison=None, receipts=None) -> str:
         charts = [memory_chart(plan), micro_batch_chart(plan), speed_chart(plan), step_chart(plan),
                   dataset_chart(plan), comparison_chart(comparison or []), receipts_chart(plan, receipts)]
     return _page(plan, [c for c in charts if c], receipts)
+
+
+def write_comparison_report(rows, path, *, train_tokens: float | None = None, priced: bool = False,
+                            force: bool = False) -> str:
+    """Write `comparison_html(rows, ...)` to `path` as `write_report` writes a plan's page. Returns the path."""
+    target = check_report(path, force)
+    text = comparison_html(rows, train_tokens=train_tokens, priced=priced)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, text)
+    return str(target)
+
+
+def comparison_html(rows, *, train_tokens: float | None = None, priced: bool = False) -> str:
+    """The `--compare-gpus` page: the GPUs' chart and table first, then the page of the fastest GPU's plan (its
+    charts, candidates and text view); where nothing fits on any, the comparison alone. Pure."""
+    matplotlib = _matplotlib()
+    plans = [r for r in rows if r.plan is not None]
+    table = f"<pre>{html.escape(_text(comparison_table(rows, train_tokens, priced)))}</pre>"
+    with matplotlib.rc_context(RC):
+        gpus = comparison_chart(rows)
+        if not plans:
+            return _comparison_only(rows, gpus, table)
+        best = max(plans, key=lambda r: r.tokens_per_s)
+        charts = [gpus, memory_chart(best.plan), micro_batch_chart(best.plan), speed_chart(best.plan),
+                  step_chart(best.plan), dataset_chart(best.plan)]
+    lead = (f"<p>The same job planned on {len(rows)} GPUs ({html.escape(', '.join(r.gpu for r in rows))}); the "
+            f"charts after the first are the plan on the fastest, {html.escape(best.gpu)}.</p>{table}")
+    return _page(best.plan, [c for c in charts if c], [], lead=lead)
+
+
+def _comparison_only(rows, chart, table: str) -> str:
+    """The comparison page where no GPU has a plan: its chart (each row saying why) and its table."""
+    name, title, svg, caption = chart
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>trainplan: {title}</title>'
+            f"<style>{CSS}</style></head><body>\n<h1>trainplan: {title}</h1>\n"
+            f'<p class="nofit">No configuration fits on any of {len(rows)} GPUs.</p>{table}\n'
+            f'<section><figure id="{name}">{svg}<figcaption>{html.escape(caption)}</figcaption></figure></section>\n'
+            f"<footer>trainplan {_version()}: a self-contained page (no scripts, nothing fetched).</footer>\n"
+            f"</body></html>\n")
+
+
+def _text(table) -> str:
+    """A rich table as the terminal shows it, at a page's width."""
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=120, color_system=None, highlight=False)
+    console.print(table)
+    return console.file.getvalue()
 
 
 def check_report(path, force: bool = False) -> Path:
@@ -127,7 +176,7 @@ footer { color: #777; font-size: .8em; margin-top: 2em; }
 """
 
 
-def _page(plan, charts: list, receipts: list[dict]) -> str:
+def _page(plan, charts: list, receipts: list[dict], lead: str = "") -> str:
     e = html.escape
     figures = "".join(f'<section><h2>{e(title)}</h2><figure id="{name}">{svg}<figcaption>{e(caption)}</figcaption>'
                       f"</figure></section>\n" for name, title, svg, caption in charts)
@@ -136,7 +185,7 @@ def _page(plan, charts: list, receipts: list[dict]) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>trainplan: {e(plan.model.name)}</title><style>{CSS}</style></head><body>\n"
-            f"<h1>trainplan: {e(plan.model.name)}</h1>\n{_header(plan)}\n{figures}"
+            f"<h1>trainplan: {e(plan.model.name)}</h1>\n{lead}{_header(plan)}\n{figures}"
             f"{_receipts_table(receipts)}<section><h2>Notes</h2><ul>{notes or '<li>none</li>'}</ul></section>\n"
             f"<section><h2>Files</h2><ul>{files}</ul></section>\n{_candidates_table(plan)}"
             f"<section><h2>The plan as text</h2><pre>{e(plan.explain())}</pre></section>\n"
@@ -148,7 +197,7 @@ def _header(plan) -> str:
     """The answer at a glance, in the text view's words (render.py's lines, so page and terminal agree)."""
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg = c.config
-    facts_lines = [f"{m.name}: {m.parameters / 1e9:.3g}B parameters, {m.layers} layers, sequence {plan.seq_len:,}",
+    facts_lines = [f"{m.name}: {fmt_params(m.parameters)} parameters, {m.layers} layers, sequence {plan.seq_len:,}",
                    f"{h.nodes} x {h.gpus_per_node} x {h.gpu}{' (detected)' if h.detected else ''}: budget "
                    f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}"]
     choice = [batch_line(cfg, c.throughput, plan.seq_len), f"{cfg.precision}, checkpointing {cfg.checkpointing}, "

@@ -3,11 +3,11 @@ has nothing to draw. matplotlib is imported by the caller's rc_context (the opti
 
 from __future__ import annotations
 
-from emit.report_svg import (band_text, budget_lines, figure, parallelism, range_bar, rivals, speed, to_svg,
-                             why_lost, wrap_label, zoom_on_peaks)
+from emit.report_svg import (axis_end, band_text, budget_lines, figure, range_bar, rivals, speed, to_svg, why_lost,
+                             wrap_label, zoom_on_peaks)
 from planner import facts
 from planner.render import GiB, fmt_seconds, fmt_tokens, gib
-from planner.vocab import ESTIMATE
+from planner.vocab import DEEPSPEED, ESTIMATE, FSDP
 
 #: The sources of a speed that is the model's (corrected or not): the ones measured runs' error bars are about.
 MODELLED = ("model", "corrected")
@@ -21,7 +21,10 @@ STEP_PARTS = {"compute": ("GPU compute", "#3b78c3"), "host": ("host dispatch", "
               "communication": ("communication", "#e3b32c"), "optimizer": ("optimizer step", "#4caf50"),
               "offload": ("offload traffic", "#e0584b"), "compile": ("compile time", "#b44fc4"),
               "measured": ("measured step", "#888888")}
-LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1)))
+#: one dash pattern per line family (engine x split: a handful), none repeated
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 3, 2, 3)))
+#: the engines' family names in a legend (stages and offload are members of a family)
+ENGINE_FAMILY = {DEEPSPEED: "DeepSpeed ZeRO", FSDP: "FSDP"}
 #: peaks past this many cards are drawn at the chart's edge (analytic screens of hopeless candidates reach 10x)
 CLAMP_CARDS = 2.0
 
@@ -58,29 +61,17 @@ def memory_chart(plan):
 
 
 def micro_batch_chart(plan):
-    """Peak against micro-batch per checkpointing mode and engine, at the chosen precision and batching."""
+    """Peak against micro-batch per checkpointing mode and line family (engine x split), each line the family's
+    lowest peak at each micro-batch; the chosen configuration's own line over them; at the chosen precision."""
     lines, ch = _families(plan), plan.choice.config
     modes = sorted({k[0] for k in lines})
-    kinds = sorted({k[1] for k in lines}, key=lambda kind: (kind != parallelism(ch), kind))  # the chosen's solid
+    kinds = sorted({k[1] for k in lines}, key=lambda kind: (kind != line_family(ch), kind))  # the chosen's solid
     fig = figure(10, 4.6)
     ax, top = fig.add_subplot(), CLAMP_CARDS * plan.hardware.gpu_memory_bytes / GiB
     for (mode, kind), cs in sorted(lines.items()):
-        color, style = f"C{modes.index(mode)}", LINE_STYLES[kinds.index(kind) % len(LINE_STYLES)]
-        # a screen's peak is a lower bound (it stops once over the budget): a marker, not a point of the line
-        exact = [c for c in cs if not ESTIMATE[c.memory.method].understated]
-        bounds = [c for c in cs if ESTIMATE[c.memory.method].understated]
-        ax.plot([c.config.micro_batch for c in exact], [min(c.memory.peak / GiB, top) for c in exact], color=color,
-                ls=style, lw=1.3, gid=f"line-{mode}-{kinds.index(kind)}")
-        for group, marker, face in ((exact, "o", color), (bounds, "^", "white")):
-            for fits in (True, False):
-                pts = [(c.config.micro_batch, min(c.memory.peak / GiB, top)) for c in group if c.fits == fits]
-                if pts:
-                    ax.scatter(*zip(*pts), s=20, marker=marker, color=color, zorder=3,
-                               facecolors=face if fits else "white")
-        if (mode, kind) == (ch.checkpointing, parallelism(ch)) and plan.memory_error and plan.memory_error.measured:
-            spans = [plan.memory_error.bounds(c.memory.peak_process) for c in exact]
-            ax.fill_between([c.config.micro_batch for c in exact], [s[0] / GiB for s in spans],
-                            [min(s[1] / GiB, top) for s in spans], color=color, alpha=0.18, lw=0, gid="band")
+        _peak_line(ax, _lowest_per_micro_batch(cs), top, f"C{modes.index(mode)}",
+                   LINE_STYLES[kinds.index(kind) % len(LINE_STYLES)], f"line-{mode}-{kinds.index(kind)}")
+    _chosen_line(ax, plan, top)
     budget_lines(ax, plan, vertical=False)
     ax.axhspan(plan.hardware.budget_bytes / GiB, top * 1.02, color="#d62728", alpha=0.05, lw=0)
     ax.scatter([ch.micro_batch], [min(plan.choice.memory.peak / GiB, top)], marker="*", s=260, color="#d62728",
@@ -91,25 +82,78 @@ def micro_batch_chart(plan):
     ax.set(xlabel="micro-batch (samples per GPU per micro-step)", ylabel="peak GiB per GPU", ylim=(0, top * 1.02))
     zoom_on_peaks(ax, plan, [min(c.memory.peak / GiB, top) for cs in lines.values() for c in cs], vertical=False)
     _line_legend(ax, modes, kinds)
-    caption = (f"Peak memory (what must fit: predicted plus margin) against micro-batch, one line per checkpointing "
-               f"mode (colour) and engine (line style) at {ch.precision}; filled points fit, hollow ones are over "
-               "the budget (red line, shaded above), so the fit boundary is where a line crosses it; triangles are "
-               "lower bounds (a screen that stopped once over the budget). The star is the chosen. "
-               f"{band_text(plan.memory_error, 'peak')} Shaded around the chosen kind's line. Peaks past "
+    caption = (f"Peak memory (what must fit: predicted plus margin) against micro-batch at {ch.precision}, one line "
+               "per checkpointing mode (colour) and family of engine and sequence split (line style): each point is "
+               "the family's lowest peak at that micro-batch (over its stages, split sizes and offload); the thick "
+               "red line is the chosen configuration's own. Filled points fit, hollow ones are over the budget (red "
+               "line, shaded above), so the fit boundary is where a line crosses it; triangles are lower bounds (a "
+               "screen that stopped once over the budget). The star is the chosen. "
+               f"{band_text(plan.memory_error, 'peak')} Shaded around the chosen's line. Peaks past "
                f"{CLAMP_CARDS:g} cards are drawn at the top.")
     return "micro-batch", "Peak memory against micro-batch", to_svg(fig, "micro-batch", {}), caption
 
 
+def line_family(cfg) -> str:
+    """A configuration's line in the micro-batch chart: its engine (DDP, DeepSpeed ZeRO, FSDP; a stage and offload are
+    members) and how it splits a sequence or a layer (context parallel, Ulysses, tensor parallel; any size)."""
+    engine = ENGINE_FAMILY.get(cfg.engine, "DDP") if cfg.sharded else "single GPU" if cfg.world_size == 1 else "DDP"
+    split = ("CP (ring attention)" if cfg.context_parallel > 1 else "Ulysses SP" if cfg.sequence_parallel > 1
+             else "TP" if cfg.tensor_parallel > 1 else "")
+    return f"{engine} + {split}" if split else engine
+
+
 def _families(plan) -> dict[tuple[str, str], list]:
-    """Candidates like the chosen but for checkpointing, engine and micro-batch, by (checkpointing, engine)."""
+    """Candidates like the chosen but for checkpointing, engine, splits, offload and micro-batch, by (checkpointing,
+    line family), in micro-batch order."""
     ch = plan.choice.config
     def rest(cfg):
-        return cfg.precision, cfg.padding, cfg.compiled, cfg.liger, cfg.tensor_parallel
+        return cfg.precision, cfg.padding, cfg.compiled, cfg.liger
     lines: dict[tuple[str, str], list] = {}
     for c in sorted(plan.candidates, key=lambda c: c.config.micro_batch):
         if c.memory and rest(c.config) == rest(ch):
-            lines.setdefault((c.config.checkpointing, parallelism(c.config)), []).append(c)
+            lines.setdefault((c.config.checkpointing, line_family(c.config)), []).append(c)
     return lines
+
+
+def _lowest_per_micro_batch(cs: list) -> list:
+    """Of candidates in micro-batch order, the one with the lowest peak at each micro-batch (a traced or measured
+    peak before a screen's lower bound)."""
+    best: dict[int, object] = {}
+    for c in cs:
+        key = (ESTIMATE[c.memory.method].understated, c.memory.peak)
+        held = best.get(c.config.micro_batch)
+        if held is None or key < (ESTIMATE[held.memory.method].understated, held.memory.peak):
+            best[c.config.micro_batch] = c
+    return [best[mb] for mb in sorted(best)]
+
+
+def _peak_line(ax, cs: list, top: float, color: str, style, gid: str, lw: float = 1.3) -> list:
+    """Peaks against micro-batch: a line through the traced or measured ones, filled points where they fit; a screen's
+    peak (a lower bound: it stops once over the budget) a triangle off the line. Returns the line's candidates."""
+    exact = [c for c in cs if not ESTIMATE[c.memory.method].understated]
+    bounds = [c for c in cs if ESTIMATE[c.memory.method].understated]
+    ax.plot([c.config.micro_batch for c in exact], [min(c.memory.peak / GiB, top) for c in exact], color=color,
+            ls=style, lw=lw, gid=gid)
+    for group, marker, face in ((exact, "o", color), (bounds, "^", "white")):
+        for fits in (True, False):
+            pts = [(c.config.micro_batch, min(c.memory.peak / GiB, top)) for c in group if c.fits == fits]
+            if pts:
+                ax.scatter(*zip(*pts), s=20, marker=marker, color=color, zorder=3,
+                           facecolors=face if fits else "white")
+    return exact
+
+
+def _chosen_line(ax, plan, top: float) -> None:
+    """The chosen configuration at every micro-batch planned, over the families' lines, with its error band."""
+    family = plan.choice.config.family()
+    own = sorted((c for c in plan.candidates if c.memory and c.config.family() == family),
+                 key=lambda c: c.config.micro_batch)
+    exact = _peak_line(ax, own, top, "#d62728", "-", "chosen-line", lw=2.6)
+    bar = plan.memory_error
+    if bar is not None and bar.measured and exact:
+        spans = [bar.bounds(c.memory.peak_process) for c in exact]
+        ax.fill_between([c.config.micro_batch for c in exact], [s[0] / GiB for s in spans],
+                        [min(s[1] / GiB, top) for s in spans], color="#d62728", alpha=0.15, lw=0, gid="band")
 
 
 def _line_legend(ax, modes: list[str], kinds: list[str]) -> None:
@@ -118,6 +162,7 @@ def _line_legend(ax, modes: list[str], kinds: list[str]) -> None:
     handles = [Line2D([], [], color=f"C{i}", label=f"checkpointing {m}") for i, m in enumerate(modes)]
     handles += [Line2D([], [], color="#555", ls=LINE_STYLES[i % len(LINE_STYLES)], label=k)
                 for i, k in enumerate(kinds)]
+    handles.append(Line2D([], [], color="#d62728", lw=2.6, label="the chosen configuration"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
 
 
@@ -199,9 +244,11 @@ def step_chart(plan):
                 tips[f"part-{i}-{field}"] = [f"{label}: {fmt_seconds(parts[field])}"]
                 left += parts[field]
     step, bar = plan.choice.throughput.modelled_step_time_s, plan.throughput_error
-    xmax = 2.5 * max(c.throughput.step_time_s for c in rows)
-    if bar is not None and bar.measured and plan.choice.throughput.source in MODELLED:
-        range_bar(ax, 0, bar.bounds(step), xmax, "band")
+    longest = max(c.throughput.step_time_s for c in rows)
+    band = bar.bounds(step) if bar is not None and bar.measured and plan.choice.throughput.source in MODELLED else None
+    xmax = axis_end(longest, band[1] if band else 0.0)
+    if band:
+        range_bar(ax, 0, band, xmax, "band")
     ax.set_yticks(range(len(rows)), [wrap_label(("chosen: " if i == 0 else "") + c.config.label())
                                      for i, c in enumerate(rows)])
     ax.invert_yaxis()
@@ -260,7 +307,8 @@ def comparison_chart(rows):
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (what, label) in zip(axes, panels):
         values = [_compared(r, what) for r in rows]
-        xmax = 2.5 * max((v[0] for v in values if v), default=1.0)
+        xmax = axis_end(max((v[0] for v in values if v), default=1.0),
+                        max((v[1][1] for v in values if v and v[1]), default=0.0))
         for i, (r, v) in enumerate(zip(rows, values)):
             if v is None:
                 ax.annotate(wrap_label(r.error or "not asked", 60), (0, i), xytext=(4, 0), textcoords="offset points",

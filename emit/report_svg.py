@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import textwrap
+import warnings
 import xml.etree.ElementTree as ET
 
 from planner.render import GiB, gib, verdict_text
@@ -58,13 +59,24 @@ def wrap_label(text: str, width: int = 34) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
+#: how far past the longest bar an error range may take an axis before it is cut there and its end written out
+RANGE_REACH = 1.5
+
+
+def axis_end(longest: float, range_end: float = 0.0) -> float:
+    """Where a bar chart's value axis ends: a little past its longest bar, or past the end of an error range drawn on
+    it, which is cut at RANGE_REACH times the longest bar (`range_bar` writes the rest out)."""
+    return 1.08 * max(longest, min(range_end, RANGE_REACH * longest))
+
+
 def range_bar(ax, y: float, span: tuple[float, float], xmax: float, gid: str) -> None:
     """A horizontal range from span[0] to span[1] at height `y`, cut at `xmax` with the far end written out (a
     prediction's error range need not hold the prediction itself, so this is a range, not +/- errors)."""
     low, high = span
     ax.plot([low, min(high, xmax)], [y, y], color="#222", lw=1.2, marker="|", ms=10, gid=gid, zorder=5)
     if high > xmax:
-        ax.annotate(f"to {high:.3g}", (xmax, y), xytext=(2, 4), textcoords="offset points", fontsize=8)
+        ax.annotate(f"to {high:,.0f}" if high >= 100 else f"to {high:.3g}", (xmax, y), xytext=(2, 4),
+                    textcoords="offset points", fontsize=8)
 
 
 def figure(width: float, height: float):
@@ -76,8 +88,13 @@ def figure(width: float, height: float):
 def to_svg(fig, name: str, tips: dict[str, list[str]]) -> str:
     """The figure as inline SVG: ids prefixed with the chart's name (several SVGs share one page), a <title> (the
     browser's hover text) on each mark of `tips` (gid -> one text per marker, or one for the whole group)."""
+    for i, ax in enumerate(fig.axes):  # each plot's area, found by its id (the browser test measures it)
+        ax.patch.set_gid(f"plot-area-{i}")
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None})
+    with warnings.catch_warnings():  # a layout matplotlib gives up on is a chart to fix (tests/test_report_html.py
+        # measures every plot area), not a line on the user's terminal
+        warnings.filterwarnings("ignore", message="constrained_layout not applied", category=UserWarning)
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     ET.register_namespace("", SVG)
     ET.register_namespace("xlink", XLINK)
     root = ET.fromstring(buf.getvalue())

@@ -13,6 +13,10 @@ from __future__ import annotations
 import importlib
 
 from planner.errors import InputError, ModelNotFoundError, NoFitError, TrainplanError, UnknownGPUError
+from planner.quiet import quiet_import_notices
+
+# before transformers is imported: it imports torchao, whose import logs lines about kernels no plan uses
+quiet_import_notices()
 
 __version__ = "0.1.0"
 

@@ -33,12 +33,12 @@ from rich.text import Text
 from emit import EmitOptions, check_destination, emit, launch_command, run_launch
 from emit.launch import check_program, node_commands, submit_command
 from emit.files import ACCELERATE_CONFIG
-from emit.report import check_report, receipt_rows, report_available, write_report
+from emit.report import check_report, receipt_rows, report_available, write_comparison_report, write_report
 from planner.errors import InputError, NoFitError, TrainplanError
 from planner.hardware import catalog, detect_gpus, lookup_gpu
 from planner.hardware.systems import usual_system
 from planner.models.presets import presets
-from planner.render import comparison_table, launch_preview, render_no_fit, render_plan
+from planner.render import comparison_table, launch_preview, render_no_fit, render_plan, written
 from planner.request import PlanRequest, flag_of, input_error, option
 from planner.vocab import LAUNCHER, NO_OFFLOAD, PACKAGE, SLURM, Launcher, choices_text
 
@@ -241,12 +241,18 @@ def _compare(request: PlanRequest, run: RunOptions, script_args: list[str]) -> N
                              hint="Compare first, then plan (and emit) on the GPU you pick.")
     gpus = [g.strip() for g in run.compare_gpus.split(",") if g.strip()]
     prices = parse_prices(run.price or [])
+    if run.report is not None:
+        check_report(run.report, run.force)
     with _status("planning...") as update:
         rows = compare_gpus(request, gpus, prices=prices, progress=lambda g: update(f"planning on {g}"))
+    files = [write_comparison_report(rows, run.report, train_tokens=request.train_tokens, priced=bool(prices),
+                                     force=run.force)] if run.report is not None else []
     if run.as_json:
-        sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows]}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"comparison": [r.to_json() for r in rows], "files": files}, indent=2) + "\n")
         return
-    Console(highlight=False).print(comparison_table(rows, request.train_tokens, bool(prices)))
+    console = Console(highlight=False)
+    console.print(comparison_table(rows, request.train_tokens, bool(prices)))
+    written(console, files)
 
 
 def _check_listing(values: dict, run: RunOptions, script_args: list[str]) -> None:
@@ -395,7 +401,7 @@ def _report_error(err: TrainplanError, as_json: bool) -> None:
 def _report_no_fit(err: NoFitError, as_json: bool) -> None:
     if as_json:
         data = err.plan.to_json() if err.plan is not None else {}
-        data.update(error=err.message, suggestions=err.suggestions, exit_code=err.exit_code)
+        data.update(fits=False, error=err.message, suggestions=err.suggestions, exit_code=err.exit_code)
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
     render_no_fit(err, _stderr())

@@ -37,6 +37,8 @@ WEIGHT_DECAY = 0.0
 #: The Trainer's default schedule, written out so that the file says what will happen
 #: (transformers/training_args.py `lr_scheduler_type` default).
 LR_SCHEDULER = "linear"
+#: TrainingArguments' field naming the DeepSpeed config (a file, or the config itself as a dict)
+DEEPSPEED_ARG = "deepspeed"
 #: DeepSpeed prints every this many steps (its default is 10; the Trainer logs on its own).
 STEPS_PER_PRINT = 100
 #: For the DeepSpeed multi-node launch: torchrun on every node (launch.sh run with MACHINE_RANK on each), so no
@@ -225,7 +227,7 @@ def training_args(plan, *, ds_config_path: str = "ds_config.json", output_dir: s
     if plan.lr.learning_rate is not None:
         out["learning_rate"] = plan.lr.learning_rate
     if cfg.engine == DEEPSPEED:
-        out["deepspeed"] = ds_config_path
+        out[DEEPSPEED_ARG] = ds_config_path
     if cfg.padding == GROUPED:  # the Trainer's length-grouped sampler (transformers/trainer_pt_utils.py)
         out.update(length_grouped_args())
     return out

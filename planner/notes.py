@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from planner.vocab import ADAMW_8BIT
+
 Value = int | float | str | bool | None
 
 
@@ -50,8 +52,8 @@ NOTE: dict[str, NoteInfo] = {
     "qlora-16bit-experts": NoteInfo("QLoRA: bitsandbytes leaves fused expert weights 16-bit", True),
     "liger": NoteInfo("the plan runs Liger-Kernel's patches: which, and what is traced as the model's own", True),
     "liger-available": NoteInfo("Liger-Kernel patches the model but is not installed here: not weighed", False),
-    "fp8": NoteInfo("float8 against the best bf16-mixed plan (or the chosen one in bf16-mixed where none was "
-                    "weighed): layers converted, step time, peak", True),
+    "fp8-chosen": NoteInfo("float8 against the best bf16-mixed plan (or the chosen one in bf16-mixed where none was "
+                           "weighed): layers converted, step time, peak", True),
     "fp8-lost": NoteInfo("fp8 was weighed and lost: its fastest configuration, and compiled where it ran eager", True),
     "fp8-available": NoteInfo("the GPU trains in FP8 but torchao is not installed here: fp8 not weighed", False),
     "fp8-not-planned": NoteInfo("the GPU trains in FP8, but not with this configuration (engine, adapters, TP)", False),
@@ -172,7 +174,7 @@ LEVER: dict[str, str] = {
     "offload-short": "full offload is still over the budget",
     "offload-host": "full offload fits the GPU but not the host",
     "offload": "full offload fits",
-    "adamw-8bit": "8-bit AdamW fits",
+    ADAMW_8BIT: "8-bit AdamW fits",
     "adapters": "LoRA or QLoRA instead of full fine-tuning",
     "adapters-short": "adapters do not fit either",
     "shorter-sequence": "a shorter sequence fits",

@@ -766,7 +766,7 @@ def _float8_won(job: Job, ranked: list[Candidate], linears: Float8Linears) -> li
         best_step, best_peak, label = job.speed(other).step_time_s, job.evaluator.estimate(other).peak, None
     else:
         best_step, best_peak, label = best.throughput.step_time_s, best.memory.peak, best.config.label()
-    return [note("fp8", converted=linears.converted_layers, linears=linears.total_layers,
+    return [note("fp8-chosen", converted=linears.converted_layers, linears=linears.total_layers,
                  fp8_step_s=choice.throughput.step_time_s, bf16_step_s=best_step, fp8_peak=choice.memory.peak,
                  bf16_peak=best_peak, bf16_label=label)]
 

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from planner.config import Config
 from planner.errors import InputError
-from planner.export import CHECKPOINTING_ARGS, checkpointing_arg
+from planner.export import CHECKPOINTING_ARGS, DEEPSPEED_ARG, checkpointing_arg
+from planner.cpu_trial import cpu_trial, fp32_line
+from planner.hardware.cpu import native_cpu_dtype
 from planner.models.adapters import Adapter, apply_adapter, with_task
 from planner.dataset import load_tokenizer
 from planner.models import resolve_model
@@ -44,7 +46,7 @@ from planner.vocab import (
 
 TRAINING_ARGS = "training_args.json"
 #: training_args.json's values that are paths, relative to the folder (the DeepSpeed config, the Trainer's output)
-PATH_ARGS = ("deepspeed", "output_dir")
+PATH_ARGS = (DEEPSPEED_ARG, "output_dir")
 #: accelerate's variable for the DeepSpeed config file, which it sets from accelerate_config.yaml as written
 #: (accelerate/utils/launch.py:581-582) and opens from the current directory (accelerate/utils/dataclasses.py:1265)
 DEEPSPEED_CONFIG_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"
@@ -236,7 +238,10 @@ class LoadedPlan:
         if PRECISION[cfg.precision].weight_bytes < 4 and not cfg.sharded:
             import torch
 
-            model = model.to(torch.bfloat16)
+            if self.trial_half_dtype():
+                model = model.to(torch.bfloat16)
+            else:
+                log.warning("CPU trial: %s", fp32_line("bf16 weights", "bfloat16"))
         ckpt = CHECKPOINTING[cfg.checkpointing]
         if ckpt.enabled and not (cfg.engine == FSDP and not ckpt.per_op_policy):
             enable_checkpointing(model, cfg.checkpointing)
@@ -260,8 +265,15 @@ class LoadedPlan:
             return model
         import torch
 
-        half = self.config.half_dtype()
+        half = self.trial_half_dtype()
         return apply_adapter(model, adapter, self.data["model"]["task"], getattr(torch, half) if half else None)
+
+    def trial_half_dtype(self) -> str | None:
+        """The plan's 16-bit dtype (Config.half_dtype) as this machine runs it: None (fp32) on a machine without CUDA
+        whose CPU lacks native instructions for it (planner/hardware/cpu.py), where emulation is tens of times
+        slower; the plan's files keep their precision."""
+        half = self.config.half_dtype()
+        return half if half is None or _cuda() or native_cpu_dtype(half) else None
 
     def training_arguments_dict(self, **overrides) -> dict:
         """training_args.json with its paths resolved against the folder, then `overrides` applied; the checkpointing
@@ -289,24 +301,27 @@ class LoadedPlan:
             raise InputError("plan.sft_config() needs TRL", flag="--dataset", hint=PACKAGE["trl"].install) from err
         padding = self.data["choice"].get("padding")
         fields = {"max_length": self.seq_len, "packing": padding == PACKING, "padding_free": padding == PADDING_FREE}
-        return self._with_float8(SFTConfig(**(self.training_arguments_dict() | fields | overrides)))
+        return self._with_mixed_precision(SFTConfig(**(self.training_arguments_dict() | fields | overrides)))
 
     def training_arguments(self, **overrides):
         """A transformers.TrainingArguments built from training_args.json, with `overrides` applied."""
         from transformers import TrainingArguments
 
-        return self._with_float8(TrainingArguments(**self.training_arguments_dict(**overrides)))
+        return self._with_mixed_precision(TrainingArguments(**self.training_arguments_dict(**overrides)))
 
     @property
     def float8(self) -> bool:
         return PRECISION[self.data["choice"]["precision"]].float8
 
-    def _with_float8(self, args):
-        """A float8 plan's arguments with accelerate's fp8 mixed precision, as `accelerate launch` gives it to the
-        Trainer (TrainingArguments has no fp8 flag: it reads ACCELERATE_MIXED_PRECISION, training_args.py:1614-1618,
-        and hands `mixed_precision` to the Accelerator, trainer.py:744); a CPU trial keeps bf16 (`cpu_trial`)."""
+    def _with_mixed_precision(self, args):
+        """The arguments' `mixed_precision`, which TrainingArguments reads from ACCELERATE_MIXED_PRECISION (the
+        accelerate config's) unless fp16 or bf16 is set (training_args.py:1614-1618) and hands to the Accelerator
+        (trainer.py:744): a float8 plan's fp8 on a GPU (TrainingArguments has no fp8 flag); "no" on a CPU trial that
+        runs fp32 (`cpu_trial`), where the config's bf16 would otherwise come back."""
         if self.float8 and not args.use_cpu:
             args.mixed_precision = PRECISION[self.data["choice"]["precision"]].accelerate
+        elif args.use_cpu and not (args.bf16 or args.fp16):
+            args.mixed_precision = "no"
         return args
 
     def callback(self, folder=None, *, warmup: int = DEFAULT_WARMUP, cache: bool = True):
@@ -328,34 +343,6 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def cpu_trial(args: dict, float8: bool = False) -> tuple[dict, list[str]]:
-    """TrainingArguments' fields made to run on this machine's CPU, and what was changed, a line each: the CPU device
-    asked for, TF32, Liger-Kernel and float8 off (a CPU has no TF32 or FP8 cores, and Liger's Triton kernels need a
-    GPU), bf16 off where this CPU cannot run it, bitsandbytes' 8-bit optimizers replaced by torch's AdamW."""
-    from transformers.utils import is_torch_bf16_available_on_device
-
-    out, changes = dict(args), []
-    if not out.get("use_cpu"):
-        out["use_cpu"] = True
-        changes.append("the CPU trains (use_cpu): this machine has no CUDA GPU")
-    if float8:
-        out["bf16"] = True
-        changes.append("fp8 off: float8 GEMMs need FP8 tensor cores (bf16 autocast instead)")
-    if out.get("tf32"):
-        out["tf32"] = None
-        changes.append("tf32 off: a CPU has no TF32 cores")
-    if out.get("use_liger_kernel"):
-        out["use_liger_kernel"] = False
-        changes.append("Liger-Kernel off: its Triton kernels need a GPU")
-    if out.get("bf16") and not is_torch_bf16_available_on_device("cpu"):
-        out["bf16"] = False
-        changes.append("bf16 off: this CPU cannot compute in bf16 (fp32 instead)")
-    if "bnb" in str(out.get("optim", "")):
-        out["optim"] = "adamw_torch"
-        changes.append(f"{args['optim']} off (bitsandbytes needs a GPU): adamw_torch instead")
-    return out, changes
 
 
 def _current_names(args: dict) -> dict:

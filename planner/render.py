@@ -16,7 +16,7 @@ from planner.notes import Lever, Note, Verdict
 from planner.request import as_flags
 from planner import facts
 from planner.uncertainty import BY_ROWS, NO_MARGIN
-from planner.vocab import DEEPSPEED, ESTIMATE, FULL, NO_CHECKPOINTING, OFFLOAD_ALL, PACKING
+from planner.vocab import ADAMW_8BIT, DEEPSPEED, ESTIMATE, FULL, NO_CHECKPOINTING, OFFLOAD_ALL, OK, PACKING, PROBE
 
 GiB = 2**30
 GB = 10**9  # host memory is in GB, as --host-memory and the machines' specs give it
@@ -99,7 +99,7 @@ def summary(plan, explain: bool = False) -> Panel:
     """The answer at a glance; with `explain`, the model's and the hardware's details and where the step goes."""
     m, h, c = plan.model, plan.hardware, plan.choice
     cfg, tp = c.config, c.throughput
-    model = f"{m.name}  {m.parameters / 1e9:.3g}B params, {m.layers} layers, seq {plan.seq_len}"
+    model = f"{m.name}  {fmt_params(m.parameters)} params, {m.layers} layers, seq {plan.seq_len}"
     gpus = (f"{h.nodes} x {h.gpus_per_node} x {h.gpu}{' (detected)' if h.detected else ''}: budget "
             f"{gib(h.budget_bytes)} of {gib(h.gpu_memory_bytes)}")
     offload = f"offload {cfg.offload}" + (f" ({gib(c.memory.cpu_offload_bytes)} of host RAM per node)"
@@ -195,12 +195,23 @@ def speed_line(tp, error) -> str:
 def _speed_source(source: str) -> str:
     return {"model": "modelled", "corrected": "modelled, corrected by measured runs like it",
             "calibrated": "modelled, calibrated by probes",
-            "receipts": "modelled, calibrated on earlier runs on this GPU: see the note", "probe": "measured",
+            "receipts": "modelled, calibrated on earlier runs on this GPU: see the note", PROBE: "measured",
             "probe+model": "measured, communication modelled"}[source]
 
 
 def fmt_seconds(x: float) -> str:
-    return f"{x:.2f} s" if x >= 1 else f"{x * 1e3:.3g} ms"
+    """Seconds to 2 decimals from a second up, else 3 digits in ms or µs (a tiny model's step is microseconds)."""
+    if x >= 1:
+        return f"{x:.2f} s"
+    return f"{x * 1e3:.3g} ms" if x >= 1e-3 else f"{x * 1e6:.3g} µs"
+
+
+def fmt_params(n: int) -> str:
+    """A parameter count: billions from 0.1B up (0.559B, 6.74B), else millions, thousands or the count itself."""
+    for unit, scale in (("B", 1e8), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / (1e9 if unit == 'B' else scale):.3g}{unit}"
+    return f"{n:,}"
 
 
 def step_breakdown(tp, grad_accum: int) -> list[str]:
@@ -327,7 +338,7 @@ def probes_table(plan) -> Table:
         table.add_column(column, justify="left" if column in ("configuration", "status") else "right")
     for record in plan.probes:
         m = record.measurement
-        ok = m.status == "ok"
+        ok = m.status == OK
         table.add_row(record.config, m.status + (" (cached)" if m.cached else ""),
                       fmt_tokens(record.predicted_tokens_per_s) if record.predicted_tokens_per_s else "—",
                       fmt_tokens(m.tokens_per_s * record.world_size) if ok else "—",
@@ -416,7 +427,12 @@ def render_plan(plan, console: Console, explain: bool = False) -> None:
         console.print(f"[yellow]note:[/] {escape(note_text(note))}")
     if len(shown) < len(plan.notes):
         console.print(f"[dim]{len(plan.notes) - len(shown)} more note(s) and every alternative: --explain[/]")
-    for path in plan.files:
+    written(console, plan.files)
+
+
+def written(console, paths) -> None:
+    """The files a command wrote, a line each."""
+    for path in paths:
         console.print(f"[dim]wrote[/] {escape(path)}")
 
 
@@ -484,7 +500,7 @@ def verdict_text(v: Verdict) -> str:
         return f"offload needs {gib(v.peak)} of host memory per node > {gib(v.budget)}"
     if v.kind == "states-over":
         return f"model states alone {gib(v.peak)} > budget {gib(v.budget)}"
-    measured, calibrated = v.method == "probe", v.method in CALIBRATED_BY
+    measured, calibrated = v.method == PROBE, v.method in CALIBRATED_BY
     if v.kind == "fits":
         if measured:
             return f"measured: peak {gib(v.peak)} of {gib(v.budget)} budget"
@@ -504,7 +520,7 @@ def verdict_text(v: Verdict) -> str:
 
 
 def _seconds(x) -> str:
-    return f"{x:.3g} s"
+    return f"{x:.3g} s" if x >= 1e-2 else fmt_seconds(x)
 
 
 def _compile_text(n: Note) -> str:
@@ -546,8 +562,8 @@ NOTE_TEXT = {
                           "is fp16 with dynamic loss scaling."),
     "tf32-gain": lambda v: (f"{v['gpu']} has TF32 tensor cores: --precision tf32 keeps fp32 weights, gradients and "
                             "memory and runs the matmuls on them (10-bit mantissa inputs, fp32 accumulation): step "
-                            f"{v['tf32_step_s']:.2f} s instead of {v['step_s']:.2f} s, {v['gain']:.2f}x faster "
-                            "(modelled)."),
+                            f"{fmt_seconds(v['tf32_step_s'])} instead of {fmt_seconds(v['step_s'])}, "
+                            f"{v['gain']:.2f}x faster (modelled)."),
     "no-tp-plan": lambda v: (f"No tensor parallelism: {v['architecture']} has no tensor-parallel plan in this "
                              "transformers (config.base_model_tp_plan), which accelerate's TP needs."),
     "no-tp-size": lambda v: f"No tensor parallelism: no size divides {v['kv_heads']} key/value heads.",
@@ -593,11 +609,12 @@ NOTE_TEXT = {
     "liger-available": lambda v: (f"Liger-Kernel has patches for {v['model_type']} ({v['patches']}) but is not "
                                   f"installed here, so --liger auto did not weigh it: {v['install']}, "
                                   "or --liger on to plan with it."),
-    "fp8": lambda v: (f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear "
-                      f"layers convert; a step takes {fmt_seconds(v['fp8_step_s'])} against "
-                      f"{fmt_seconds(v['bf16_step_s'])} in bf16-mixed ({v['bf16_step_s'] / v['fp8_step_s']:.2f}x"
-                      + (f", its best plan: {v['bf16_label']}" if v.get("bf16_label") else ", the same plan")
-                      + f"), peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
+    "fp8-chosen": lambda v: (
+        f"FP8 (torchao float8 linears through accelerate): {v['converted']} of {v['linears']} linear layers convert; "
+        f"a step takes {fmt_seconds(v['fp8_step_s'])} against {fmt_seconds(v['bf16_step_s'])} in bf16-mixed "
+        f"({v['bf16_step_s'] / v['fp8_step_s']:.2f}x"
+        + (f", its best plan: {v['bf16_label']}" if v.get("bf16_label") else ", the same plan")
+        + f"), peak {gib(v['fp8_peak'])} against {gib(v['bf16_peak'])}."),
     "fp8-lost": lambda v: (f"FP8 was weighed ({v['converted']} of {v['linears']} linear layers convert): its fastest "
                            f"fitting configuration, {v['label']}, runs {fmt_tokens(v['tokens_per_s'])} tokens/s "
                            f"against {fmt_tokens(v['chosen_tokens_per_s'])}"
@@ -766,8 +783,8 @@ def suggestion_text(s: Lever) -> str:
                                  f"{v['host_budget'] / GB:.0f} GB per node planned for: on a machine with more"),
         "offload": lambda: (f"Offload: {offloaded}{split} needs "
                             f"{v['peak'] / GiB:.1f} GiB per GPU and {v['host_bytes'] / GB:.0f} GB of host memory"),
-        "adamw-8bit": lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
-                               f"peak {v['peak'] / GiB:.1f} GiB{split} fits"),
+        ADAMW_8BIT: lambda: (f"8-bit AdamW (bitsandbytes): optimizer states shrink from 8 to 2 bytes per parameter; "
+                             f"peak {v['peak'] / GiB:.1f} GiB{split} fits"),
         "adapters": lambda: ("Adapters instead of full fine-tuning: " + _adapters_tried(v)
                              + (f"; {v[v['fits'] + '_label']} fits one {v['gpu']}" if v.get("gpu") else ", which fits")),
         "adapters-short": lambda: "Adapters do not fit either: " + _adapters_tried(v) + ".",

@@ -106,8 +106,8 @@ class PlanRequest(_Request):
     headroom: float | None = option(help="Fraction of GPU memory kept free (default 0.05).", ge=0.0, lt=0.9,
                                     allow_inf_nan=False)
     host_memory: int | None = option(help="Host RAM per node in GB, for CPU offload (default: this machine's when "
-                                          "planning for its GPU, else assumed: the host RAM per node of the GPU's "
-                                          "usual system, as --list-gpus shows).", scale=1e9, gt=0,
+                                          "planning for its GPU, else that of the GPU's usual system, which the "
+                                          "output names: 2,000 GB for an 8 x A100-80GB node).", scale=1e9, gt=0,
                                      le=int(LIMITS.host_memory_gb * 1e9))
     nic_gbps: float | None = option(help="Inter-node bandwidth per GPU in Gb/s, for plans over several nodes (default: "
                                          "the GPU's usual system, e.g. 200 for DGX A100; AWS p4d's EFA: 50).", gt=0,

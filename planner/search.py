@@ -25,11 +25,12 @@ from planner.memory.analytic import tensor_parallel_activations
 from planner.memory.estimate import Evaluation, MemoryEstimate
 from planner.notes import Verdict
 from planner.program.sequence import sequence_split_share
+from planner.request import PlanRequest, flag_of
 from planner.speed.model import SpeedModel
 from planner.types import Candidate
 from planner.vocab import (
-    ANALYTIC, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD, PACKING, PRECISION, TRACE,
-    UNSHARDED_ENGINE,
+    ANALYTIC, DEEPSPEED, DEFAULT_OPTIMIZER, DEFAULT_PRECISION, DEFAULT_SHARDING_ENGINE, FSDP, NO_ADAPTER, NO_OFFLOAD,
+    PACKING, PRECISION, TRACE, UNSHARDED_ENGINE,
 )
 
 
@@ -166,21 +167,34 @@ def _sequence_split_configs(space: SearchSpace, rows: int) -> list[Config]:
     return out
 
 
-def why_empty(space: SearchSpace) -> str:
-    """Why the pins leave no candidate: the first problem a pinned combination has."""
+def why_empty(space: SearchSpace) -> tuple[str, str]:
+    """Why the pins leave no candidate: the first problem a pinned combination has (at the default precision first,
+    where the precision is the search's), and the flag to change."""
     for zero in space.zero_stages:
-        for precision in space.precisions:
+        for precision in sorted(space.precisions, key=lambda p: p != DEFAULT_PRECISION):
             engine = engine_for(zero, space.engine, precision)
             for off in space.offloads:
                 try:
                     cfg = Config.of(micro_batch=1, grad_accum=1, world_size=space.world_size, precision=precision,
                                     checkpointing=space.checkpointing[0], zero_stage=zero, offload=off, engine=engine)
                 except ValueError as err:
-                    return str(err)
-                problem = cfg.optimizer_problem(space.optimizer) or cfg.adapter_problem(space.adapter)
-                if problem:
-                    return problem
-    return "the pinned options leave no configuration to plan"
+                    return str(err), _pinned_flag(space)
+                problems = {"optimizer": cfg.optimizer_problem(space.optimizer),  # PlanRequest field: its problem
+                            "peft": cfg.adapter_problem(space.adapter)}
+                for field, problem in problems.items():
+                    if problem:
+                        return problem, flag_of(PlanRequest, field)
+    return "the pinned options leave no configuration to plan", _pinned_flag(space)
+
+
+def _pinned_flag(space: SearchSpace) -> str:
+    """The pinned option a conflict of pins is reported on: offload, precision or stage, whichever is pinned first in
+    that order (each conflicts with the others), else the engine."""
+    for field, values in (("offload", space.offloads), ("precision", space.precisions),
+                          ("zero_stage", space.zero_stages)):
+        if len(values) == 1:
+            return flag_of(PlanRequest, field)
+    return flag_of(PlanRequest, "engine")
 
 
 class MemoryEvaluator:
@@ -326,8 +340,9 @@ def search(gpu: GPU, space: SearchSpace, evaluator: MemoryEvaluator, budget: int
     configs = enumerate_configs(space)
     if not configs:
         peft = ", --peft" if space.adapter != NO_ADAPTER else ""
-        raise InputError(why_empty(space), hint="Drop or change the pinned options (--zero-stage, --offload, "
-                                                f"--precision, --engine, --optimizer{peft}).")
+        problem, flag = why_empty(space)
+        raise InputError(problem, flag=flag, hint="Drop or change the pinned options (--zero-stage, --offload, "
+                                                  f"--precision, --engine, --optimizer{peft}).")
     tell = progress or (lambda label: None)
     tell(f"timing {len(configs):,} configurations")
     model_speed = speed or SpeedModel(evaluator.evaluation.workload, gpu, space.gpus_per_node, space.train_steps)

@@ -245,7 +245,7 @@ def suggestions(plan, evaluator, gpu, offload: str, sequence: str = "seq_len", s
         out.append(_offload_lever(a, off))
     eight = _pick(_least(a, evaluator=_variant(evaluator, optimizer=ADAMW_8BIT)), a.budget)
     if plan.optimizer != ADAMW_8BIT and eight is not None and eight.peak <= a.budget:
-        out.append(lever("adamw-8bit", {"optimizer": ADAMW_8BIT, **_split_changes(a, eight)}, peak=eight.peak,
+        out.append(lever(ADAMW_8BIT, {"optimizer": ADAMW_8BIT, **_split_changes(a, eight)}, peak=eight.peak,
                          **eight.split_values()))
     return out + _shorter_levers(a, best, off)
 

@@ -10,7 +10,7 @@ from emit.files import EmitOptions
 from emit.files import emit as write_files
 from planner.config import Config
 from planner.errors import InputError
-from planner.export import accelerate_config, deepspeed_config, loss_scaling, peft_config, training_args
+from planner.export import DEEPSPEED_ARG, accelerate_config, deepspeed_config, loss_scaling, peft_config, training_args
 from planner.hardware import GPU
 from planner.memory.estimate import MemoryEstimate
 from planner.notes import Note, Verdict
@@ -344,6 +344,7 @@ class Plan(BaseModel):
         return {
             "planner": {"version": planner_version(), "tree": planner_tree()},
             "request": self.pinned_request(),
+            "fits": self.choice.fits,  # false: nothing fits, and `choice` is the closest configuration
             "model": self.model.model_dump(),
             "optimizer": self.optimizer,
             "attention": self.attention,
@@ -440,8 +441,8 @@ class Plan(BaseModel):
 
     def _loaded(self) -> LoadedPlan:
         args = training_args(self)
-        if "deepspeed" in args:
-            args["deepspeed"] = deepspeed_config(self)
+        if DEEPSPEED_ARG in args:
+            args[DEEPSPEED_ARG] = deepspeed_config(self)
         return LoadedPlan(self.to_json(), None, args)
 
     # Config dicts for other launchers (no files): see planner/export.py

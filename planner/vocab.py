@@ -588,6 +588,8 @@ ESTIMATE: dict[str, EstimateInfo] = {
                                        False, False, False, True),
 }
 EstimateMethod = Literal[tuple(ESTIMATE)]  # type: ignore[valid-type]
+#: A number measured by a probe (an estimate's method, a speed's source)
+PROBE = "probe"
 
 
 #: How a measured run trained (a receipt's `program`): trainplan plans the Trainer's; the others are published runs'

@@ -43,13 +43,13 @@ def accelerate_command(config_file: str | Path, script: Sequence[str]) -> list[s
 
 def run_training(folder: Path, timeout_s: float, *, steps: int = 2, warmup: int = 1,
                  script: Sequence[str] = TRAIN, extra: Sequence[str] = ()) -> Measurement:
-    """Launch the training script under the files in `folder` (`extra`: more of its arguments) and read every rank's
-    result: an OOM on any rank is an OOM (never a hang: the other ranks are killed with the group), the peak is the
-    largest rank's."""
+    """Launch the training script under the files in `folder` for `warmup` steps and then `steps` measured ones
+    (`extra`: more of its arguments), and read every rank's result: an OOM on any rank is an OOM (never a hang: the
+    other ranks are killed with the group), the peak is the largest rank's."""
     out = folder / "results"
     # --force: a probe is how a candidate predicted not to fit the free memory is measured anyway
     cmd = accelerate_command(folder / "accelerate_config.yaml",
-                             [*script, "--plan", str(folder), "--out", str(out), "--steps", str(steps),
+                             [*script, "--plan", str(folder), "--out", str(out), "--steps", str(warmup + steps),
                               "--warmup", str(warmup), "--force", *extra])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
     stdout, stderr, code = run_group(cmd, env, timeout_s, cwd=folder)

@@ -4,6 +4,9 @@
     plan --model gpt2 --batch 64 --emit run/
     accelerate launch --config_file run/accelerate_config.yaml -m probes.train --plan run --steps 3
 
+`--steps` counts every optimizer step the run takes; the first `--warmup` of them (default 1, at most `--steps` - 1,
+so that one step is always measured) are not measured: `--steps 2` is one warm-up step and one measured step.
+
 (or `plan ... --launch -- -m probes.train --plan DIR`). Each rank prints one `PROBE-RESULT {json}` line and, with
 `--out DIR`, writes DIR/rank-<r>.json: peak memory after the warm-up steps (torch.cuda.max_memory_allocated /
 max_memory_reserved on CUDA; the live-tensor tracker's peak on the CPU), the median micro-step, optimizer-step and
@@ -33,7 +36,7 @@ from planner.errors import TrainplanError
 from planner.prepare import load_plan
 from planner.program.step import make_batch
 from planner.types import Measurement
-from planner.vocab import FSDP
+from planner.vocab import FSDP, OK
 from probes.protocol import result_line
 
 DESCRIPTION = ("Train the planned model for a few steps (random weights, synthetic batches, the HF Trainer) with the "
@@ -46,8 +49,11 @@ GIB = 2**30
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m probes.train", description=DESCRIPTION)
     parser.add_argument("--plan", required=True, help="the folder `plan --emit` wrote (or its plan.json)")
-    parser.add_argument("--steps", type=int, default=2, help="optimizer steps measured (after the warm-up)")
-    parser.add_argument("--warmup", type=int, default=1, help="optimizer steps before measuring")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="optimizer steps the run takes in all, the warm-up included (default 3)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="how many of those steps come first and are not measured (default 1; at most --steps - 1, "
+                             "so one step is always measured)")
     parser.add_argument("--out", default=None, help="write each rank's result to OUT/rank-<r>.json")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code to run")
     parser.add_argument("--profile", default=None, metavar="FILE",
@@ -63,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
+    args.warmup = min(args.warmup, args.steps - 1)
     return args
 
 
@@ -183,14 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     result = train(plan, args)
     sys.stdout.write(result_line(result))
     sys.stdout.flush()
-    if result.status != "ok" and local_rank() == 0:
+    if result.status != OK and local_rank() == 0:
         sys.stderr.write(f"probes.train: the run failed ({result.status}): {result.reason.splitlines()[0]}\n")
     _leave_process_group()
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank-{rank()}.json").write_text(result.model_dump_json(indent=1) + "\n")
-    return 0 if result.status == "ok" else 1
+    return 0 if result.status == OK else 1
 
 
 def _leave_process_group() -> None:
@@ -278,7 +285,7 @@ def _train(plan, args) -> Measurement:
 
     cfg = plan.config
     cuda = torch.cuda.is_available()
-    total = args.warmup + args.steps
+    total = args.steps
     config = model_config(plan, args.trust_remote_code)
     targs = plan.training_arguments(output_dir=tempfile.mkdtemp(prefix="trainplan-train-"), max_steps=total,
                                     save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,

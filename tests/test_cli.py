@@ -150,6 +150,45 @@ def test_plan_gpt2_json():
     assert choice["global_batch"] == 8
     assert data["candidates"]
     assert data["memory"]["peak"] > 0
+    assert data["fits"] is True
+
+
+def test_a_no_fit_json_says_fits_false_at_the_top_and_keeps_the_closest_choice():
+    result = invoke("--model", "gpt2", "--batch", "8", "--gpu", "T4-16GB", "--seq-len", "1024", "--micro-batch", "8",
+                    "--checkpointing", "none", "--precision", "fp32", "--no-offload", "--json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["fits"] is False and data["exit_code"] == 1
+    assert data["choice"]["micro_batch"] == 8 and data["memory"]["peak"] > data["hardware"]["budget_bytes"]
+
+
+def test_help_and_output_write_the_assumed_host_ram_alike():
+    """--help's example of the assumed host (an 8 x A100-80GB node) is what the plan prints for one."""
+    import re
+
+    helped = " ".join(invoke("--help").output.split())
+    example = re.search(r"usual system, which the output names: ([\d,]+ GB) for an 8 x A100-80GB node", helped)
+    assert example, helped[helped.find("--host-memory"):][:300]
+    planned = invoke("--model", "gpt2", "--batch", "8", "--gpu", "A100-80GB", "--gpus-per-node", "8").output
+    assert f"host RAM {example[1]} per node (assumed" in " ".join(planned.split())
+
+
+@pytest.mark.parametrize(("count", "text"), [(76_224, "76.2k"), (1_500_000, "1.5M"), (124_439_808, "0.124B"),
+                                             (559_214_592, "0.559B"), (6_738_415_616, "6.74B"), (12, "12")])
+def test_parameter_counts_are_written_in_human_units(count, text):
+    from planner.render import fmt_params
+
+    assert fmt_params(count) == text
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(55.614, "55.61 s"), (0.0407, "40.7 ms"), (0.0041, "4.1 ms"),
+                                               (1.6e-5, "16 µs")])
+def test_short_steps_keep_their_digits(seconds, text):
+    from planner.render import NOTE_TEXT, fmt_seconds
+
+    assert fmt_seconds(seconds) == text
+    gain = NOTE_TEXT["tf32-gain"]({"gpu": "A100-80GB", "tf32_step_s": 0.0041, "step_s": 0.0082, "gain": 2.0})
+    assert "step 4.1 ms instead of 8.2 ms, 2.00x faster" in gain
 
 
 def test_plan_without_gpu_uses_reference():
@@ -167,6 +206,9 @@ FUZZ_CONFIGS = {  # config.json contents a fuzzer found that crashed (exit 3) or
     "hidden-str": {"hidden_size": "big"}, "hidden-negative": {"hidden_size": -256},
     "hidden-nan": {"hidden_size": float("nan")}, "layers-fraction": {"num_hidden_layers": 4.5},
     "heads-do-not-divide": {"hidden_size": 66}, "no-layers": {"num_hidden_layers": 0}, "no-vocab": {"vocab_size": 0},
+    # found by tests/test_input_properties.py: planned (exit 0), or a ZeroDivisionError inside transformers (exit 3)
+    "kv-heads-do-not-divide": {"num_key_value_heads": 3}, "architectures-str": {"architectures": "LlamaForCausalLM"},
+    "no-heads": {"num_attention_heads": 0}, "negative-positions": {"max_position_embeddings": -1},
 }
 
 
@@ -197,6 +239,11 @@ BAD_FLAGS = [
     (["--list-gpus", "--gpu", "Z100"], "--list-gpus"),
     (["--model", "gpt2", "--batch", "8", "--engine", "megatron"], "--engine"),
     (["--model", "gpt2", "--batch", "8", "--attention", "flash", "--gpu", "V100-16GB"], "--attention"),
+    # found by tests/test_input_properties.py: a target list naming nothing planned all-linear; pins that conflict
+    # were refused without naming a flag
+    (["--model", "gpt2", "--batch", "8", "--peft", "lora", "--lora-targets", ",,,"], "--lora-targets"),
+    (["--model", "gpt2", "--batch", "8", "--zero-stage", "1", "--offload", "optimizer+params"], "--offload"),
+    (["--model", "gpt2", "--batch", "8", "--gpus-per-node", "2", "--peft", "qlora", "--zero-stage", "3"], "--peft"),
 ]
 
 

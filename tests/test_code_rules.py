@@ -26,17 +26,18 @@ def library_files() -> list[Path]:
     return sorted(p for part in LIBRARY for p in (ROOT / part).rglob("*.py"))
 
 
-def value_strings(tree: ast.AST):
+def value_strings(tree: ast.AST, keys: bool = False):
     """String constants that are values: not docstrings, and not dict keys or subscripts (there a string names a
-    field of another tool's format, e.g. DeepSpeed's "optimizer" block, not one of our values)."""
+    field of another tool's format, e.g. DeepSpeed's "optimizer" block, not one of our values); `keys`: dict keys and
+    subscripts too."""
     skip = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             skip.add(id(body[0].value))
-        if isinstance(node, ast.Dict):
+        if isinstance(node, ast.Dict) and not keys:
             skip |= {id(k) for k in node.keys if k is not None}
-        if isinstance(node, ast.Subscript):
+        if isinstance(node, ast.Subscript) and not keys:
             skip.add(id(node.slice))
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
@@ -60,6 +61,22 @@ def test_each_value_is_spelled_in_at_most_three_library_modules():
             if text in values:
                 where.setdefault(text, set()).add(str(path.relative_to(ROOT)))
     assert "planner/vocab.py" in where["bf16-mixed"]  # the scan sees the definitions
+    crowded = {v: sorted(m) for v, m in where.items() if len(m) > 3}
+    assert not crowded, crowded
+
+
+#: Values that are also the names of fields (Config.optimizer and DeepSpeed's "optimizer" block; the JSON's "error")
+FIELD_NAMES = {"optimizer", "error"}
+
+
+def test_a_choice_named_as_a_key_is_named_through_the_vocabulary():
+    """Counting dict keys and subscripts too (a note's or a lever's kind that is also a choice's name)."""
+    values = {v for alias, _ in KINDS.values() for v in get_args(alias)} - FIELD_NAMES
+    where: dict[str, set[str]] = {}
+    for path in library_files():
+        for text in value_strings(ast.parse(path.read_text()), keys=True):
+            if text in values:
+                where.setdefault(text, set()).add(str(path.relative_to(ROOT)))
     crowded = {v: sorted(m) for v, m in where.items() if len(m) > 3}
     assert not crowded, crowded
 

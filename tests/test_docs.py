@@ -12,10 +12,10 @@ runs a TrainJob's command on each node with the variables Kubeflow Trainer's tor
 files where it mounts them; `sky launch` runs a task's setup, then its run on each node in a copy of the workdir with
 SkyPilot's variables.
 
-A block preceded by `<!-- docs-test: syntax -->` (installs of system packages, a virtual environment) is checked by
-`bash -n` / compile, and of its commands only the `pip install`s (against the stand-in) and the `plan`s run;
-`<!-- docs-test: run-folder -->` gives the block the `run/` folder RUN_FOLDER emits (as the text says), which
-the sentences' commands naming run/ files get too.
+Every block runs: there is no syntax-only mark. `<!-- docs-test: run-folder -->` gives the block the `run/` folder RUN_FOLDER emits (as the text says), which
+the sentences' commands naming run/ files get too. `<!-- docs-test: install -->` (the README's install commands) runs
+each line as written in a copy of the project's files, with the real pip and a fresh virtual environment, as on a
+fresh clone; the test suite a line starts runs one small file (PYTEST_ADDOPTS names it).
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ RUN_FOLDER = ("plan --model ./tiny-llama --batch 4 --max-length 64 --dataset cha
 #: Models whose config and tokenizer the docs' fine-tuning commands read from the local cache (the tokenizer a
 #: stand-in: a word-level one with a chat template).
 CACHED_MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-0.5B")
+#: The marks a block may carry: none, run-folder, install (each runs the block)
+MARKS = {"", "run-folder", "install"}
+#: The one test file an install block's `python -m pytest` runs (pytest appends PYTEST_ADDOPTS to its arguments)
+INSTALL_SUITE = "tests/test_hardware.py"
 pytestmark = pytest.mark.slow
 
 
@@ -212,6 +216,19 @@ def test_every_block_is_found():
     assert sum(lang == "python" for _, lang, _, _ in BLOCKS) >= 4
     assert any("pip install -e ." in text for _, _, _, text in BLOCKS)
     assert RUN_FOLDER in " ".join((ROOT / "docs" / "library.md").read_text().split())  # the text says what ran
+    assert {mark for _, _, mark, _ in BLOCKS} <= MARKS  # no block is only syntax-checked
+
+
+#: the longest line of README prose, in characters (a page read in a terminal or an editor, not a single line)
+PROSE_WIDTH = 200
+#: README lines another program writes (benchmarks/report.py's accuracy lines): its own test keeps them current
+GENERATED = re.compile(r"<!-- accuracy: generated.*?<!-- accuracy: end -->", re.S)
+
+
+def test_no_readme_prose_line_is_longer_than_a_page_is_wide():
+    text = GENERATED.sub("", FENCE.sub("", (ROOT / "README.md").read_text()))
+    long = [line[:60] for line in text.splitlines() if len(line) > PROSE_WIDTH]
+    assert not long, long
 
 
 #: module -> what in a block needs it (the extras the README's test command leaves out)
@@ -234,13 +251,31 @@ def test_block_runs_as_written(block, sandbox, tmp_path):
     source.write_text(text)
     check = [sys.executable, "-m", "py_compile", str(source)] if lang == "python" else ["bash", "-n", str(source)]
     assert _run(check, cwd, sandbox["env"]).returncode == 0, f"{name} does not parse"
-    if mark == "syntax":  # of its commands, run the installs' extras check and the plans
-        for part in re.split(r"&&|\n", text):
-            if re.match(r"\s*(HF_HUB_OFFLINE=1 )?(plan|pip install) ", part):
-                done = _run(["bash", "-c", part], cwd, sandbox["env"])
-                assert done.returncode == 0, f"{name}: {part.strip()}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    if mark == "install":
+        _install_runs(name, text, sandbox, tmp_path)
         return
     run = [sys.executable, str(source)] if lang == "python" else ["bash", "-eo", "pipefail", str(source)]
     done = _run(run, cwd, sandbox["env"])
     assert done.returncode == 0, \
         f"{name} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def _install_runs(name: str, text: str, sandbox: dict, tmp_path: Path) -> None:
+    """The install block's lines, one after the other, in a copy of the project's files (what a clone holds), with the
+    real pip: the stand-ins and this checkout's PYTHONPATH are left out of the environment."""
+    clone = tmp_path / "clone"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,  # noqa: S607
+                            capture_output=True, text=True, check=True).stdout
+    for relative in filter(None, listed.split("\0")):
+        if (ROOT / relative).is_file():
+            (clone / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / relative, clone / relative)
+    stubs = str(sandbox["root"] / "bin")
+    env = {key: value for key, value in sandbox["env"].items() if key != "PYTHONPATH"}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != stubs)
+    env["PYTEST_ADDOPTS"] = f"-p no:cacheprovider {INSTALL_SUITE}"
+    for line in filter(None, (ln.strip() for ln in text.splitlines())):
+        done = _run(["bash", "-eo", "pipefail", "-c", line], clone, env, timeout=1500)
+        assert done.returncode == 0, f"{name}: {line}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert "pytest" not in line or " passed" in done.stdout, done.stdout[-2000:]
+

@@ -170,11 +170,22 @@ def test_on_a_gpu_the_peak_is_compared_with_its_free_memory(monkeypatch):
 
 @pytest.mark.slow
 def test_force_runs_the_plan_anyway_and_reports_each_step(huge_plan):
-    done, _ = _train(huge_plan, "--force", "--steps", "2", "--warmup", "0")
+    done, _ = _train(huge_plan, "--force", "--steps", "2")  # the default warm-up step is one of the two
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"status":"ok"' in done.stdout and "{'loss'" not in done.stdout  # the Trainer's log dicts are gone
     progress = [ln for ln in done.stderr.splitlines() if ln.startswith("step ")]
     assert [ln.split("  ")[0] for ln in progress] == ["step 1/2", "step 2/2"], done.stderr[-2000:]
+    result = json.loads(done.stdout.split("PROBE-RESULT ", 1)[1])
+    assert len(result["losses"]) == 2
+
+
+def test_the_warm_up_is_counted_inside_steps_and_one_step_is_always_measured():
+    from probes.train import parse_args
+
+    assert (parse_args(["--plan", "p"]).steps, parse_args(["--plan", "p"]).warmup) == (3, 1)
+    assert parse_args(["--plan", "p", "--steps", "2"]).warmup == 1
+    assert parse_args(["--plan", "p", "--steps", "1"]).warmup == 0
+    assert parse_args(["--plan", "p", "--steps", "4", "--warmup", "9"]).warmup == 3
 
 
 def test_help_is_a_whole_sentence():

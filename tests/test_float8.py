@@ -153,7 +153,7 @@ def test_auto_weighs_fp8_only_where_torchao_is_installed(monkeypatch):
     monkeypatch.setattr(planner.planning, "torchao_missing", lambda: None)
     present = plan("Qwen/Qwen2.5-0.5B", 16, **request)
     assert [c for c in present.candidates if c.config.precision == "fp8" and c.fits]
-    assert {"fp8", "fp8-lost"} & {n.kind for n in present.notes}
+    assert {"fp8-chosen", "fp8-lost"} & {n.kind for n in present.notes}
 
 
 def test_the_emitted_fp8_settings_build_accelerates_torchao_recipe(fp8_plan, tmp_path, monkeypatch):
@@ -184,7 +184,7 @@ def test_llama_8b_on_8_h100s_weighs_fp8_where_torchao_is_installed(monkeypatch):
     p = plan("meta-llama/Llama-3.1-8B", 256, seq_len=8192, gpus_per_node=8, **H100)
     weighed = [c for c in p.candidates if c.config.precision == "fp8"]
     assert [c for c in weighed if c.fits] and not [c for c in p.candidates if c.verdict.kind == "invalid"]
-    assert {"fp8", "fp8-lost"} & {n.kind for n in p.notes}
+    assert {"fp8-chosen", "fp8-lost"} & {n.kind for n in p.notes}
 
 
 @pytest.mark.long
@@ -197,7 +197,7 @@ def test_the_fp8_note_compares_with_the_best_bf16_plan(monkeypatch):
              liger="off", **H100)
     if p.choice.config.precision != "fp8":
         pytest.skip(f"fp8 did not win here ({p.choice.config.label()})")
-    note = next(n for n in p.notes if n.kind == "fp8")
+    note = next(n for n in p.notes if n.kind == "fp8-chosen")
     best = next(c for c in p.candidates if c.fits and c.config.precision == "bf16-mixed" and c.throughput)
     assert note["bf16_step_s"] == pytest.approx(best.throughput.step_time_s)
     assert note["bf16_label"] == best.config.label()

@@ -232,6 +232,107 @@ def test_a_bad_receipt_names_the_flag(planned, row, drawing):
     assert err.value.flag == "--receipts"
 
 
+# ---- at scale: a split 131k-token plan, 70B on 64 GPUs, a comparison --------------------------------------------------
+
+#: the largest plans the report must hold: a sequence split 8 ways, 8 nodes of 8, and two GPUs side by side
+LARGE = {"131k-split": dict(model="meta-llama/Llama-3.1-8B", global_batch=8, seq_len=131072, gpu="H100-80GB",
+                            gpus_per_node=8),
+         "70b-64-gpus": dict(model="meta-llama/Llama-3.1-70B", global_batch=512, seq_len=4096, gpu="H100-80GB",
+                             gpus_per_node=8, nodes=8)}
+#: a plot narrower or shorter than this share of its chart is squeezed by its legend or labels
+PLOT_SHARE = 0.45
+#: legend entries a chart may carry (the micro-batch chart's: checkpointing modes, line families, the chosen)
+LEGEND_ENTRIES = 12
+
+
+@pytest.fixture(scope="module")
+def large_pages(drawing):
+    """The pages of LARGE's plans and of a comparison (about 15 s to plan on 2 cores), drawn with every warning
+    recorded."""
+    import warnings
+
+    from emit.report import comparison_html
+    from planner.compare import compare_gpus
+    from planner.request import PlanRequest
+
+    plans = {name: plan(detect=False, liger="off", **kw) for name, kw in LARGE.items()}
+    rows = compare_gpus(PlanRequest.of(model="meta-llama/Llama-3.1-8B", global_batch=256, train_tokens=1e9,
+                                       liger="off"), ["A100-80GB", "H100-80GB"], prices={"H100-80GB": 2.5})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pages = {name: report_html(p) for name, p in plans.items()}
+        pages["comparison"] = comparison_html(rows, train_tokens=1e9, priced=True)
+    return plans, pages, [str(w.message) for w in caught]
+
+
+def _plot_areas(svg: ET.Element) -> list[tuple[float, float]]:
+    """Each plot area's (width, height) as shares of its chart's."""
+    _, _, width, height = map(float, svg.get("viewBox").split())
+    out = []
+    for area in svg.iter(f"{SVG}g"):
+        if re.fullmatch(rf"{svg.get('data-chart')}-plot-area-\d+", area.get("id") or ""):
+            numbers = list(map(float, re.findall(r"-?[\d.]+", area.find(f"{SVG}path").get("d"))))
+            xs, ys = numbers[0::2], numbers[1::2]
+            out.append(((max(xs) - min(xs)) / width, (max(ys) - min(ys)) / height))
+    return out
+
+
+@pytest.mark.long
+def test_large_plans_draw_quietly_with_short_legends_and_plots_at_full_size(large_pages):
+    plans, pages, warned = large_pages
+    assert not warned, warned  # nothing for the terminal (to_svg drops a collapsed layout's: the sizes below see it)
+    for name, page in pages.items():
+        svgs = charts(page)
+        assert {"memory", "micro-batch", "speed", "step"} <= set(svgs), name
+        for chart, svg in svgs.items():
+            areas = _plot_areas(svg)
+            assert areas and all(h >= PLOT_SHARE for _, h in areas), (name, chart, areas)
+            assert sum(w for w, _ in areas) >= PLOT_SHARE, (name, chart, areas)
+        legend = svgs["micro-batch"].find(".//*[@id='micro-batch-legend_1']")
+        assert 3 <= len(legend.findall(f".//{SVG}text")) <= LEGEND_ENTRIES, name
+    assert "gpus" in charts(pages["comparison"]) and "A100-80GB" in pages["comparison"]
+
+
+@pytest.mark.long
+def test_the_step_axis_ends_near_its_longest_bar(large_pages):
+    """The step chart's axis ran to 2.5x its longest bar (290 s where bars ended at 118 s)."""
+    from emit.report_svg import RANGE_REACH, rivals
+
+    plans, pages, _ = large_pages
+    for name, p in plans.items():
+        longest = max(c.throughput.step_time_s for c in rivals(p))
+        svg = charts(pages[name])["step"]
+        ticks = [float(t.text.replace(",", "")) for g in svg.iter(f"{SVG}g")
+                 if re.fullmatch(r"step-xtick_\d+", g.get("id") or "") for t in g.iter(f"{SVG}text")]
+        assert max(ticks) <= 1.08 * RANGE_REACH * longest and max(ticks) >= 0.6 * longest, (name, ticks, longest)
+
+
+def test_compare_gpus_writes_the_comparison_page(tmp_path, drawing):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    target = tmp_path / "b.html"
+    result = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--compare-gpus", "A100-80GB,H100-80GB",
+                                      "--report", str(target), "--liger", "off"])
+    assert result.exit_code == 0, result.output
+    page = target.read_text()
+    assert {"gpus", "memory", "speed"} <= set(charts(page)) and f"wrote {target}" in " ".join(result.output.split())
+    assert "The same job planned on 2 GPUs" in page
+    again = CliRunner().invoke(app, ["--model", "gpt2", "--batch", "8", "--compare-gpus", "A100-80GB,H100-80GB",
+                                     "--report", str(target)])
+    assert again.exit_code == 2 and "--force" in again.output  # an existing page is kept, before any planning
+
+
+def test_a_comparison_where_nothing_fits_anywhere_is_still_a_page(drawing):
+    from emit.report import comparison_html
+
+    rows = [GpuComparison(gpu="T4-16GB", error="no configuration fits T4-16GB"),
+            GpuComparison(gpu="L4-24GB", error="no configuration fits L4-24GB")]
+    page = comparison_html(rows)
+    assert set(charts(page)) == {"gpus"} and "No configuration fits on any of 2 GPUs" in page
+
+
 # ---- in a real browser ----------------------------------------------------------------------------------------------
 
 def _chromium():
@@ -268,3 +369,28 @@ def test_the_page_renders_in_chromium_offline(planned, comparison, tmp_path, dra
     assert points == sum(1 for c in planned.candidates if c.memory and c.throughput)
     assert budget is not None and budget["height"] > 100  # the budget line spans the scatter's height
     assert (tmp_path / "report.png").stat().st_size > 50_000 and (tmp_path / "report.pdf").stat().st_size > 20_000
+
+
+#: the smallest plot a reader can read on a 1280-pixel-wide page, in CSS pixels
+READABLE_PX = (300, 120)
+
+
+@pytest.mark.long
+def test_large_pages_render_every_plot_at_a_readable_size(large_pages, tmp_path):
+    sync_api = _chromium()
+    _, pages, _ = large_pages
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        view = browser.new_context(viewport={"width": 1280, "height": 900}, offline=True).new_page()
+        for name, page in pages.items():
+            (tmp_path / f"{name}.html").write_text(page)
+            view.goto((tmp_path / f"{name}.html").as_uri(), wait_until="load")
+            boxes = view.eval_on_selector_all(
+                "svg[data-chart] g[id*='-plot-area-']", "els => els.map(e => [e.id, "
+                "e.getBoundingClientRect().width, e.getBoundingClientRect().height, "
+                "e.closest('svg').getBoundingClientRect().height])")
+            assert {b[0].split("-plot-area-")[0] for b in boxes} == set(charts(page)), name
+            small = [b for b in boxes if b[1] < READABLE_PX[0] or b[2] < READABLE_PX[1] or b[2] < PLOT_SHARE * b[3]]
+            assert not small, (name, small)
+        browser.close()
+

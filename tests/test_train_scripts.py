@@ -48,14 +48,49 @@ def _run(cmd: list, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+def _no_native_half(monkeypatch):
+    """This CPU as one without bf16 or fp16 instructions (an AVX2-only one)."""
+    monkeypatch.setattr("planner.hardware.cpu.cpu_features", lambda: frozenset({"avx2", "fma3"}))
+
+
 def test_cpu_trial_turns_off_what_cannot_run_here_once_each(monkeypatch):
-    monkeypatch.setattr("transformers.utils.is_torch_bf16_available_on_device", lambda device: False)
+    _no_native_half(monkeypatch)
     args, changes = cpu_trial({"bf16": True, "tf32": True, "use_liger_kernel": True, "optim": "adamw_bnb_8bit"})
     assert (args["use_cpu"], args["bf16"], args["tf32"], args["use_liger_kernel"], args["optim"]) == \
         (True, False, None, False, "adamw_torch")
     assert len(changes) == 5 and all("\n" not in line for line in changes)
     assert any("Liger" in line for line in changes) and any("adamw_bnb_8bit" in line for line in changes)
+    assert any(line.startswith("fp32 instead of bf16") and "avx512_bf16" in line for line in changes)
     assert cpu_trial({"use_cpu": True, "bf16": False}) == ({"use_cpu": True, "bf16": False}, [])
+
+
+def test_a_cpu_with_native_bf16_keeps_the_plan_s_bf16(monkeypatch):
+    monkeypatch.setattr("planner.hardware.cpu.cpu_features", lambda: frozenset({"avx2", "avx512_bf16"}))
+    args, changes = cpu_trial({"bf16": True, "use_cpu": True})
+    assert args["bf16"] and changes == []
+
+
+def test_a_bf16_plan_trains_fp32_on_a_cpu_without_bf16_and_its_files_keep_bf16(monkeypatch, tmp_path):
+    """The accelerate config's bf16 (ACCELERATE_MIXED_PRECISION, which `accelerate launch` exports) would come back
+    through TrainingArguments: the trial's arguments say "no"; the DeepSpeed config is turned off with them."""
+    _no_native_half(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    p = plan("gpt2", 8, gpu="A100-80GB", seq_len=128, engine="deepspeed", zero_stage=2, detect=False, liger="off")
+    emit(p, tmp_path / "run")
+    args = load_plan(tmp_path / "run").training_arguments(output_dir=str(tmp_path / "out"))
+    assert (args.bf16, args.mixed_precision, args.deepspeed["bf16"]["enabled"]) == (False, "no", False)
+    assert json.loads((tmp_path / "run" / "ds_config.json").read_text())["bf16"]["enabled"] is True
+    assert json.loads((tmp_path / "run" / "training_args.json").read_text())["bf16"] is True
+
+
+def test_importing_the_trainer_after_trainplan_prints_no_import_notices():
+    """transformers imports torchao where it is installed; its notices about kernels no plan calls are dropped."""
+    pytest.importorskip("torchao", reason="the notices come from torchao's import")
+    code = "import planner, logging; logging.basicConfig(); from transformers import Trainer; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert "Failed to load" not in done.stderr and "Enum subclass" not in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.long

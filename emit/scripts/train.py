@@ -12,10 +12,9 @@ folder (plan.callback(), docs/receipts.md).
 
 from pathlib import Path
 
-from transformers import Trainer
-
-from planner import load_plan
+from planner import load_plan  # first: it quiets the import notices of packages transformers imports (planner/quiet.py)
 from planner.train_data import script_arguments
+from transformers import Trainer
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,11 +11,10 @@ folder (plan.callback(), docs/receipts.md).
 
 from pathlib import Path
 
-from trl import SFTTrainer
-
-from planner import load_plan
-from planner.train_data import script_arguments
+from planner import load_plan  # first: it quiets the import notices of packages trl imports (planner/quiet.py)
 from planner.dataset import load_rows
+from planner.train_data import script_arguments
+from trl import SFTTrainer
 
 HERE = Path(__file__).resolve().parent
 

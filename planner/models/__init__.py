@@ -194,7 +194,8 @@ def _load_config(where: str, trust: bool):
     except OSError as err:
         raise ModelNotFoundError(f"cannot load {where}: {_one_line(err)}", flag="--model",
                                  hint=_how_to_pass()) from err
-    except (StrictDataclassError, TypeError, KeyError, AttributeError) as err:  # a field transformers rejects
+    # a field transformers rejects, or that breaks its own checks (0 attention heads: a modulo by zero)
+    except (StrictDataclassError, TypeError, KeyError, AttributeError, ArithmeticError) as err:
         raise InputError(f"cannot read the config of {where}: {_one_line(err)}", flag="--model",
                          hint="Fix the value in config.json.") from err
 

@@ -70,9 +70,9 @@ class Adapter:
 
     @classmethod
     def parse_targets(cls, text: str) -> tuple[str, ...]:
-        """`all-linear` or a comma-separated list of module names (`q_proj,v_proj`)."""
-        names = tuple(part.strip() for part in text.split(",") if part.strip())
-        return names or (ALL_LINEAR,)
+        """`all-linear` or a comma-separated list of module names (`q_proj,v_proj`); an empty name (`,,`, `q_proj,`)
+        is kept, for the Adapter to refuse: a list that names nothing is not a request for the default."""
+        return tuple(part.strip() for part in text.split(","))
 
     @property
     def quantized(self) -> bool:
