@@ -61,10 +61,12 @@ def headline(scored: list[Run]) -> list[str]:
         first = [(r, f) for r, f in pairs if r.first_look]
         dev = [(r, f) for r, f in pairs if not r.first_look]
         sources = sorted({r.benchmark for r, _ in first})
-        then, today = summary(f.error_then for _, f in first), summary(f.error_today for _, f in first)
+        unfitted = [f for _, f in first if not f.fitted]  # a fact fitted to a run since makes today's figure hindsight
+        then, today = summary(f.error_then for _, f in first), summary(f.error_today for f in unfitted)
+        since = (f" (the {today['runs']} no fact has been fitted to since)" if len(unfitted) < len(first) else "")
         text = (f"* **{WHAT[kind]}, first-look** ({then['runs']} runs: {', '.join(sources)}): as predicted before each "
-                f"run, {_stats(then)}; by today's planner, {_stats(today)}" if then["runs"] else
-                f"* **{WHAT[kind]}, first-look**: no runs yet")
+                f"run, {_stats(then)}; by today's planner{since}, {_stats(today) if today['runs'] else 'none'}"
+                if then["runs"] else f"* **{WHAT[kind]}, first-look**: no runs yet")
         later = summary(f.error_today for _, f in dev)
         out.append(text + f". Development ({later['runs']} runs, today's planner): median {_pct(later['median_abs'])}, "
                           f"p90 {_pct(later['p90_abs'])}, bias {_signed(later['bias'])}.")
@@ -160,6 +162,10 @@ def ranking_section(scored: list[Run]) -> list[str]:
     for row in scoring.rankings(scored, benches):
         tau = "—" if row["tau"] is None else f"{row['tau']:.2f}"
         lines.append(f"| {row['benchmark']} | {row['model']} | {row['runs']} | {row['first_look']} | {tau} |")
+    steps = summary(f.error_today for r, f in scoring.figures(scored, "throughput") if r.benchmark in benches)
+    if steps["runs"]:
+        lines += ["", f"Step time of the lent GPUs' {steps['runs']} runs together, by today's planner (development "
+                      f"evidence where a fact was fitted to them, as the tables above name): {_stats(steps)}."]
     return lines + [""]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import transformers
 
+from benchmarks import provenance, runs
 from planner import estimate_memory, facts
 from planner.hardware import efficiency_data, lookup_gpu
 
@@ -31,15 +32,19 @@ def rows(path: Path) -> list[dict]:
 
 
 def judged_names() -> tuple[set[str], set[str]]:
-    """("<file>#<row id>" and "<file>#*" of every data file; the source key of every row, and of XLA's GEMM table,
-    which the GEMM shape constants were chosen on: tests/test_speed_references.py judges them on other tables, and
-    labels those out of sample by these keys)."""
+    """("<file>#<row id>" and "<file>#*" of every data file and receipt; the source key of every row and receipt, and
+    of XLA's GEMM table, which the GEMM shape constants were chosen on: tests/test_speed_references.py judges them on
+    other tables, and labels those out of sample by these keys)."""
     names, sources = set(), set()
     for path in sorted(DATA.glob("*.json")):
         names.add(f"{path.name}#*")
         for row in rows(path):
             names |= {f"{path.name}#{row['id']}"} if "id" in row else set()
             sources |= {facts.source_key(row["source"])} if row.get("source") else set()
+    for bench in runs.load():  # the receipts: trainplan's own runs, named as provenance.names_of names them
+        for receipt in bench.receipts:
+            for name in provenance.names_of(receipt):
+                (names if "#" in name else sources).add(name)
     table = efficiency_data.efficiency_json()["gpus"]["H100-80GB"]["shape_table_xla_sm90"]
     return names, sources | {facts.source_key(table["source"])}
 
