@@ -29,7 +29,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_memory_accuracy import CASES, small_configs  # noqa: E402
-from gpu_mechanisms import _cpu_name  # noqa: E402
+from planner.hardware.host import cpu_name  # noqa: E402
 
 
 def _best(fn, repeats: int = 5) -> float:
@@ -193,7 +193,7 @@ def main() -> int:
           f"(inputs: the micro-benchmarked rates above, and for checkpointed cases the view-op count of a "
           f"checkpointed block, measured on a CPU like this one)")
     if args.out:
-        Path(args.out).write_text(json.dumps({"torch": torch.__version__, "host": _cpu_name(), "rates": rates,
+        Path(args.out).write_text(json.dumps({"torch": torch.__version__, "host": cpu_name(), "rates": rates,
                                               "summary": summary, "rows": rows}, indent=1) + "\n")
     return 0
 

@@ -249,6 +249,7 @@ def main() -> int:
 
     from planner.hardware import detect_gpus, lookup_gpu
     from planner.hardware.efficiency_data import efficiency
+    from planner.hardware.host import cpu_name
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU: this benchmark measures one", file=sys.stderr)
@@ -258,7 +259,7 @@ def main() -> int:
     eff = efficiency(gpu.name)
     result = {"gpu": gpu.name, "nvml_name": local.nvml_name if local else None, "date": dt.date.today().isoformat(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "device": args.device,
-              "host_cpu": _cpu_name(), "planner_overheads": planner_overheads(eff)}
+              "host_cpu": cpu_name(), "planner_overheads": planner_overheads(eff)}
     sections = [("gemm", lambda: measure_gemms(torch, gpu, eff, args.device, args.small)),
                 ("bandwidth", lambda: measure_bandwidth(torch, gpu, eff, args.device, args.small)),
                 ("attention", lambda: measure_attention(torch, gpu, eff, args.device, args.small)),
@@ -282,16 +283,6 @@ def main() -> int:
     summarise(result)
     print(f"wrote {out}")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def summarise(result: dict) -> None:

@@ -617,12 +617,13 @@ def header(args, gpu: str, nvml_name: str) -> dict:
     import torch
     import transformers
 
-    from planner.receipts import host_processor, planner_tree, versions
+    from planner.hardware.host import cpu_name
+    from planner.receipts import planner_tree, versions
 
     return {"gpu": gpu, "nvml_name": nvml_name, "date": dt.date.today().isoformat(), "dry_run": args.dry_run,
             "budget_s": args.budget, "warmup": WARMUP, "steps": STEPS, "torch": torch.__version__,
             "cuda": torch.version.cuda, "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "python": sys.version.split()[0], "host": host_processor(),
+            "accelerate": accelerate.__version__, "python": sys.version.split()[0], "host": cpu_name(),
             "versions": versions(), "planner_tree": planner_tree(),
             "command": "python3 benchmarks/gpu_validation.py --out $OUT"}
 

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages import without an install
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import checkpoint_host_cost  # noqa: E402
 from planner.hardware.host import measure_host_costs  # noqa: E402
 from planner.program.profile import (  # noqa: E402
     ENGINE_KERNELS, ENGINE_VIEWS, MODULE_CALLS, PY_KERNELS, PY_VIEWS, OpRecorder,
@@ -47,23 +48,18 @@ MODELS = ("llama", "gpt2", "bert", "bloom", "qwen2")
 
 
 def build(kind: str, layers: int, device: str):
+    """A tiny model of `kind` (GPT-2 and BERT as benchmarks/checkpoint_host_cost.py builds them)."""
     small = dict(vocab_size=128, max_position_embeddings=64)
     if kind in ("llama", "qwen2"):
         cls = transformers.LlamaConfig if kind == "llama" else transformers.Qwen2Config
         config = cls(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
                      num_key_value_heads=2, **small)
         model = transformers.AutoModelForCausalLM.from_config(config)
-    elif kind == "gpt2":
-        config = transformers.GPT2Config(n_embd=64, n_layer=layers, n_head=4, vocab_size=128, n_positions=64,
-                                         bos_token_id=0, eos_token_id=0)
-        model = transformers.GPT2LMHeadModel(config)
     elif kind == "bloom":
         config = transformers.BloomConfig(hidden_size=64, n_layer=layers, n_head=4, vocab_size=128)
         model = transformers.BloomForCausalLM(config)
     else:
-        config = transformers.BertConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                                         intermediate_size=128, **small)
-        model = transformers.BertForMaskedLM(config)
+        return checkpoint_host_cost.build(kind, layers, device)
     return model.to(device).train()
 
 

@@ -138,14 +138,15 @@ def batch_line(cfg, tp, row_length: int) -> str:
 
 def _accuracy(plan) -> list[str]:
     """How far predictions like this plan's have been from measured runs (docs/accuracy.md): measured / predicted
-    over the stratum's rows, and what was pooled; or that nothing like it was measured."""
+    over the stratum's runs, and what was pooled; or that nothing like it was measured."""
     lines = []
     for what, bar, measured in (("peak memory", plan.memory_error, "measured / predicted peak"),
                                 ("step time", plan.throughput_error, "measured / predicted step time")):
         if bar is None:
             continue
         if not bar.measured:
-            lines.append(f"{what}: not measured: no run like it ({escape(bar.stratum)}) is among the rows")
+            lines.append(f"{what}: not measured: no run like it ({escape(bar.stratum)}) whose figure no fact was "
+                         "fitted to (docs/accuracy.md)")
             continue
         pooled = f"; pooled over {', '.join(bar.pooled)}" if bar.pooled else ""
         spread = f"p10 {bar.p10:.2f}, median {bar.median:.2f}, p90 {bar.p90:.2f}" if bar.covers < 1 else \

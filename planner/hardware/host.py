@@ -117,10 +117,10 @@ def host_stack(device: str) -> str:
     import torch
 
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    return f"{_cpu_name()} | python {platform.python_version()} | torch {torch.__version__} | {name}"
+    return f"{cpu_name()} | python {platform.python_version()} | torch {torch.__version__} | {name}"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -136,7 +136,7 @@ def _cache_key(gpu_name: str) -> str:
 
     import torch
 
-    text = f"{CACHE_VERSION}|{_cpu_name()}|{platform.python_version()}|{torch.__version__}|{gpu_name}"
+    text = f"{CACHE_VERSION}|{cpu_name()}|{platform.python_version()}|{torch.__version__}|{gpu_name}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

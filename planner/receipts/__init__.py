@@ -4,8 +4,7 @@ and what it measured (docs/receipts.md). `Meter` takes one during a run, `read_r
 
 from planner.receipts.meter import (
     CACHE_KIND, CHECK_AFTER, DEFAULT_WARMUP, RECEIPT, Meter, StepClock, StepTime, check, device, host_peak,
-    host_processor, prediction,
-    process_memory, run_plan, versions,
+    prediction, process_memory, run_plan, versions,
 )
 from planner.receipts.schema import (
     MEMORY_FIGURES, RATIO_RANGE, READS, SCHEMA, STEP_TIME, Device, Figures, Hardware, Prediction, Receipt, RunPlan,
@@ -16,5 +15,5 @@ from planner.receipts.store import Skipped, read_receipts, receipt_files
 
 __all__ = ["CACHE_KIND", "CHECK_AFTER", "DEFAULT_WARMUP", "Device", "Figures", "Hardware", "MEMORY_FIGURES", "Meter",
            "Prediction", "RATIO_RANGE", "READS", "RECEIPT", "Receipt", "RunPlan", "SCHEMA", "STEP_TIME", "Skipped",
-           "StepClock", "StepTime", "check", "device", "host_peak", "host_processor", "parse", "planner_tree", "prediction",
+           "StepClock", "StepTime", "check", "device", "host_peak", "parse", "planner_tree", "prediction",
            "planner_version", "process_memory", "read_receipts", "receipt_files", "run_plan", "tree_hash", "versions"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from planner.cache import cache_dir
 from planner.config import Config
 from planner.hardware import match_gpu
+from planner.hardware.host import cpu_name
 from planner.receipts.schema import SCHEMA, Device, Figures, Hardware, Prediction, Receipt, RunPlan
 from planner.vocab import NO_ADAPTER, OK, PACKAGE, TRAINER
 
@@ -166,24 +167,12 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def host_processor() -> str:
-    """This machine's processor model (/proc/cpuinfo's "model name" on Linux), else what Python knows of it."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device() -> Device:
     """Where the run measured: the CUDA device's name and the catalog GPU of that name, else this machine's
     processor."""
     import torch
 
-    host = host_processor()
+    host = cpu_name()
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         return Device(kind="cuda", name=name, gpu=match_gpu(name), count=torch.cuda.device_count(), host=host)
@@ -336,4 +325,4 @@ def check(measured: Figures, printed: Figures, data: dict) -> list[str]:
 
 
 __all__ = ["CHECK_AFTER", "DEFAULT_WARMUP", "Meter", "RECEIPT", "SCHEMA", "StepClock", "StepTime", "check", "device",
-           "host_peak", "host_processor", "prediction", "process_memory", "run_plan", "versions"]
+           "host_peak", "prediction", "process_memory", "run_plan", "versions"]
