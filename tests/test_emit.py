@@ -226,7 +226,7 @@ def plan_json_differences(old, new, path: str = "") -> list[str]:
         out = [f"{path}.{key}: added" for key in new.keys() - old.keys()]
         for key, value in old.items():
             if key in PLAN_PROSE or (key == "error" and isinstance(value, str)) or (
-                    key == "source" and path.endswith(".error")) or (key == PLANNER_IDENTITY and not path):
+                    key == "source" and path.endswith(".error")) or (key == PLANNER_IDENTITY and "tree" in value):
                 continue
             where = f"{path}.{key}"
             out += [f"{where}: lost"] if key not in new else plan_json_differences(value, new[key], where)

@@ -81,7 +81,7 @@ def differences(old, new, path: str = "") -> list[str]:
             return [f"{path}: {type(new).__name__} instead of an object"]
         out = []
         for key, value in old.items():
-            if key in PROSE or (key == "planner" and not path):  # the code that planned (its tree), not the plan
+            if key in PROSE or (key == "planner" and "tree" in value):  # the code that planned (its tree), not the plan
                 continue
             if key not in new:
                 out.append(f"{path}.{key}: missing")
