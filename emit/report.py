@@ -17,6 +17,7 @@ from emit.report_charts import (comparison_chart, dataset_chart, memory_chart, m
                                 receipts_chart, speed_chart, step_chart)
 from emit.report_svg import parallelism, speed, why_lost
 from planner.errors import InputError
+from planner.vocab import PACKAGE
 from planner.render import batch_line, comparison_table, fmt_params, fmt_tokens, gib, note_text
 from planner.render import closeness, speed_line  # the header's speed and memory lines, worded as the terminal's
 
@@ -31,7 +32,6 @@ def _version() -> str:
         return "(not installed)"
 
 
-INSTALL = 'pip install -e ".[report]"'
 #: matplotlib's settings in its matplotlibrc syntax: text kept as <text> (small, searchable, selectable), a fixed hash
 #: salt so that the same plan gives the same file, and light axes
 RC = dict(line.strip().split(": ", 1) for line in """
@@ -141,7 +141,7 @@ def _matplotlib():
         import matplotlib
     except ImportError as err:
         raise InputError("the HTML report needs matplotlib, which is not installed", flag="--report",
-                         hint=INSTALL) from err
+                         hint=PACKAGE["matplotlib"].install) from err
     return matplotlib
 
 
