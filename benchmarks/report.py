@@ -153,6 +153,10 @@ def margin_section(scored: list[Run]) -> list[str]:
     return lines + [""]
 
 
+def _tau(row: dict) -> str:
+    return "—" if row["tau"] is None else f"{row['tau']:.2f}"
+
+
 def ranking_section(scored: list[Run]) -> list[str]:
     benches = sorted({r.benchmark for r in scored if r.benchmark.startswith(RANKED)})
     lines = ["## Ranking", "",
@@ -160,8 +164,12 @@ def ranking_section(scored: list[Run]) -> list[str]:
              "predicted tokens/s and by the measured tokens/s (1: the same order).", "",
              "| benchmark | model | runs | first-look | Kendall's tau |", "|---|---|---|---|---|"]
     for row in scoring.rankings(scored, benches):
-        tau = "—" if row["tau"] is None else f"{row['tau']:.2f}"
-        lines.append(f"| {row['benchmark']} | {row['model']} | {row['runs']} | {row['first_look']} | {tau} |")
+        lines.append(f"| {row['benchmark']} | {row['model']} | {row['runs']} | {row['first_look']} | {_tau(row)} |")
+    lines += ["", "Per job (one model's sequence and global batch: the configurations one plan ranks):", "",
+              "| benchmark | model | sequence x batch | runs | Kendall's tau |", "|---|---|---|---|---|"]
+    for row in scoring.rankings(scored, benches, by_job=True):
+        seq, batch = row["job"]
+        lines.append(f"| {row['benchmark']} | {row['model']} | {seq} x {batch} | {row['runs']} | {_tau(row)} |")
     steps = summary(f.error_today for r, f in scoring.figures(scored, "throughput") if r.benchmark in benches)
     if steps["runs"]:
         lines += ["", f"Step time of the lent GPUs' {steps['runs']} runs together, by today's planner (development "

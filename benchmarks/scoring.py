@@ -240,22 +240,25 @@ def kendall_tau(predicted: list[float], measured: list[float]) -> float | None:
     return (concordant - discordant) / denominator if denominator else None
 
 
-def rankings(runs_: list[Run], benchmarks: Iterable[str]) -> list[dict]:
-    """Per benchmark of `benchmarks` and model: Kendall's tau between today's predicted and the measured tokens per
-    second of the model's runs (the planner's order of its configurations against the measured order)."""
-    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+def rankings(runs_: list[Run], benchmarks: Iterable[str], by_job: bool = False) -> list[dict]:
+    """Per benchmark of `benchmarks` and model (`by_job`: and sequence and global batch, the configurations one plan
+    ranks): Kendall's tau between today's predicted and the measured tokens per second of its runs (the planner's
+    order of the configurations against the measured order), for groups of 3 runs or more."""
+    groups: dict[tuple, list[Run]] = defaultdict(list)
     for run in runs_:
         if run.benchmark in benchmarks and run.figure("throughput") and run.figure("throughput").today:
-            groups[(run.benchmark, run.receipt.plan.model)].append(run)
+            plan = run.receipt.plan
+            job = (plan.seq_len, plan.choice.global_batch) if by_job else ()
+            groups[(run.benchmark, plan.model, *job)].append(run)
     out = []
-    for (bench, model), members in sorted(groups.items()):
+    for (bench, model, *job), members in sorted(groups.items()):
         if len(members) < 3:
             continue
         tokens = [r.receipt.plan.choice.global_batch * r.receipt.plan.seq_len for r in members]
         predicted = [t / r.figure("throughput").today for t, r in zip(tokens, members)]
         measured = [t / r.figure("throughput").measured for t, r in zip(tokens, members)]
-        out.append({"benchmark": bench, "model": model, "runs": len(members), "tau": kendall_tau(predicted, measured),
-                    "first_look": sum(r.first_look for r in members)})
+        out.append({"benchmark": bench, "model": model, "job": tuple(job), "runs": len(members),
+                    "tau": kendall_tau(predicted, measured), "first_look": sum(r.first_look for r in members)})
     return out
 
 
