@@ -93,6 +93,28 @@ def test_metadata_queries_are_not_counted_as_dispatches():
     assert recorder.profile.dispatch[PY_KERNELS] == 3  # ones, add, sum
 
 
+def test_a_baddbmm_over_heads_moves_bytes_that_grow_with_the_micro_batch():
+    """BLOOM's scores `alibi.baddbmm(q, k)` have micro-batch x heads as their batch, no token dimension: the copy of
+    the added matrix and cuBLAS's read of it grow with the micro-batch like the GEMM itself, so that a profile traced
+    at one micro-batch times another."""
+    import torch
+
+    mb, heads, seq, dim = 3, 4, 8, 2
+    q, k = torch.ones(mb * heads, seq, dim), torch.ones(mb * heads, dim, seq)
+    alibi = torch.ones(mb * heads, 1, seq)
+    with OpRecorder(micro_batch=mb, seq_len=seq) as recorder:
+        alibi.baddbmm(q, k)
+    (scaled, fixed, _count), = recorder.profile.memory.values()
+    assert scaled == mb * heads * seq * seq * 4 * 2 and fixed == 0  # the copy of alibi into the result, C read
+    assert all(key.split(",")[-1][0] == "1" for key in recorder.profile.matmuls)
+    # a weight-shaped accumulation (experts x d x d'): as large at any micro-batch
+    experts, a, b = torch.ones(mb * 2, 5, 7), torch.ones(mb * 2, 5, seq), torch.ones(mb * 2, seq, 7)
+    with OpRecorder(micro_batch=mb, seq_len=seq) as recorder:
+        experts.baddbmm(a, b)
+    (scaled, fixed, _count), = recorder.profile.memory.values()
+    assert scaled == 0 and fixed == mb * 2 * 5 * 7 * 4 * 2
+
+
 def test_device_queries_pass_the_trace_modes_unrecorded(monkeypatch):
     """C++ asking a fake tensor for its device reaches the dispatch modes as `prim.device` (two in three of a traced
     step's dispatches): the op recorder and the live-storage tracker hand it on without looking at it."""

@@ -280,6 +280,13 @@ class OpRecorder(TorchDispatchMode):
                                            self.seq_len in shape[1:])
         return (nbytes, 0.0) if scaled else (0.0, nbytes)
 
+    def _scores(self, t: torch.Tensor) -> bool:
+        """Attention scores with the heads folded into the batch, (micro-batch x heads, seq, seq) as BLOOM's
+        `alibi.baddbmm(q, k)` makes them: no token dimension, yet they grow with the micro-batch. A weight-shaped
+        batch (experts x d x d') is not one: its last two dimensions are not the sequence."""
+        shape = tuple(t.shape)
+        return len(shape) == 3 and shape[0] % self.micro_batch == 0 and shape[1] == shape[2] == self.seq_len
+
     def _memory(self, profile: Profile, args, out) -> None:
         tensors = _tensors(args) + _tensors(out)
         dtype = _dtype_class(_tensors(out)[0].dtype)
@@ -315,10 +322,10 @@ class OpRecorder(TorchDispatchMode):
             return
         written = result.numel() * args[_MATMULS[name][0]].element_size()
         copied = 0 if kwargs.get("out") is added else result.numel() * result.element_size()
-        scaled, fixed = self._token_bytes(result)
+        grows = self._token_bytes(result)[0] > 0 or self._scores(result)
         extra = (result.numel() * result.element_size()) * 2 - written + copied  # read C, wider write, the copy
         entry = profile.memory.setdefault(f"{_dtype_class(result.dtype)},{self.phase}", [0.0, 0.0, 0.0])
-        entry[0 if scaled else 1] += extra
+        entry[0 if grows else 1] += extra
 
     def _grouped_matmul(self, profile: Profile, args) -> None:
         """torch._grouped_mm, as transformers' default `grouped_mm` experts run a mixture of experts
