@@ -69,6 +69,17 @@ def _tensors(tree) -> list[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
+#: a CUDA thread block's shared memory without opting in to more (cudaDeviceProp.sharedMemPerBlock: 48 KiB on NVIDIA
+#: GPUs since Kepler); SoftMax.cu caches a softmax row in it only where the row fits (`cunn_SoftMaxForwardSmem`)
+SHARED_MEMORY_PER_BLOCK = 48 * 1024
+
+
+def _uncached_row(t: torch.Tensor, dim: int) -> bool:
+    """Whether SoftMax.cu reads this softmax's rows from device memory once per pass: a row over the last dimension
+    larger than a block's shared memory (smaller rows stay on chip or in L2 between passes)."""
+    return dim in (-1, t.dim() - 1) and t.shape[-1] * t.element_size() > SHARED_MEMORY_PER_BLOCK
+
+
 @dataclass
 class Profile:
     """Aggregated costs of one traced micro-step. Keys are strings so the profile is JSON."""
@@ -207,10 +218,11 @@ class OpRecorder(TorchDispatchMode):
     With `regions` (planner/program/regions.py `BlockRegions`) every op outside the last block, in both phases, also
     goes to `shallower`: the step as traced one block shallower."""
 
-    def __init__(self, micro_batch: int, seq_len: int, regions=None):
+    def __init__(self, micro_batch: int, seq_len: int, regions=None, cuda_kernels: bool = False):
         super().__init__()
         self.profile = Profile()
         self.micro_batch, self.seq_len, self.tokens = micro_batch, seq_len, micro_batch * seq_len
+        self.cuda_kernels = cuda_kernels  # count what ATen's CUDA kernels move beyond their operands (`_kernel_bytes`)
         self.phase = "forward"
         self.regions = regions
         self.shallower = Profile() if regions is not None and regions.layers > 1 else None
@@ -271,6 +283,8 @@ class OpRecorder(TorchDispatchMode):
             self._attention(profile, func, name, args, kwargs, out)
         else:
             self._memory(profile, args, out)
+            if self.cuda_kernels:
+                self._kernel_bytes(profile, name, args)
 
     def _token_bytes(self, t: torch.Tensor) -> tuple[float, float]:
         # a broadcast (expanded) view reads its storage, not its logical size
@@ -296,6 +310,34 @@ class OpRecorder(TorchDispatchMode):
             entry[0] += scaled
             entry[1] += fixed
         entry[2] += 1
+
+    def _kernel_bytes(self, profile: Profile, name, args) -> None:
+        """What ATen's CUDA kernel for op `name` moves beyond reading its arguments and writing its outputs once
+        (aten/src/ATen/native/cuda/SoftMax.cu, LossNLL.cu): a softmax row too large for a block's shared memory is
+        read three times forward (max, sum of exponentials, write) and its gradient twice backward (sum, write);
+        softmax's backward first computes `tmp = grad * output` in a kernel of its own (`softmax_backward_cuda_out`);
+        NLL loss reads one entry of each row, and its backward zero-fills the gradient without reading the input."""
+        extra, kernels = [], 0
+        if name in ("_softmax", "_log_softmax") and _uncached_row(args[0], args[1]):
+            extra = [args[0], args[0]]
+        elif name in ("_softmax_backward_data", "_log_softmax_backward_data"):
+            grad, output = args[0], args[1]
+            if name == "_softmax_backward_data":
+                extra, kernels = [grad, output, grad], 1
+            extra += [grad] if _uncached_row(grad, args[2]) else []
+        elif name == "nll_loss_forward":
+            extra = [("minus", args[0])]
+        elif name == "nll_loss_backward":
+            extra = [("minus", args[1])]
+        if not extra:
+            return
+        entry = profile.memory.setdefault(f"{_dtype_class(args[0].dtype)},{self.phase}", [0.0, 0.0, 0.0])
+        for t in extra:
+            sign, t = (-1.0, t[1]) if isinstance(t, tuple) else (1.0, t)
+            scaled, fixed = self._token_bytes(t)
+            entry[0] += sign * scaled
+            entry[1] += sign * fixed
+        entry[2] += kernels
 
     def _matmul(self, profile: Profile, name, args) -> None:
         i, j = _MATMULS[name]

@@ -42,7 +42,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 27
+CACHE_VERSION = 28
 
 
 @dataclass(frozen=True)
@@ -585,7 +585,8 @@ def run_trace(config, layers: int, req: TraceRequest, trust: bool = False, profi
     held: list = []  # a sum objective's outputs, kept through the backward and the next forward (`_with_carried`)
     with fake_step_model(config, layers, req, trust) as (model, batch):
         regions = block_regions(model, layers)
-        recorder = OpRecorder(req.micro_batch, req.seq_len, regions) if profile else None
+        recorder = OpRecorder(req.micro_batch, req.seq_len, regions, cuda_kernels=req.autocast_device == "cuda") \
+            if profile else None
         with tracker, regions or contextlib.nullcontext():
             tracker.track_all(list(model.parameters()) + list(model.buffers()) + list(batch.values()))
             batch_bytes = tuple(t.untyped_storage().nbytes() for t in batch.values())
