@@ -317,26 +317,26 @@ class OpRecorder(TorchDispatchMode):
         read three times forward (max, sum of exponentials, write) and its gradient twice backward (sum, write);
         softmax's backward first computes `tmp = grad * output` in a kernel of its own (`softmax_backward_cuda_out`);
         NLL loss reads one entry of each row, and its backward zero-fills the gradient without reading the input."""
-        extra, kernels = [], 0
+        moved, kernels = [], 0  # (times a tensor's bytes move beyond once: negative where never read, the tensor)
         if name in ("_softmax", "_log_softmax") and _uncached_row(args[0], args[1]):
-            extra = [args[0], args[0]]
+            moved = [(2, args[0])]
         elif name in ("_softmax_backward_data", "_log_softmax_backward_data"):
             grad, output = args[0], args[1]
-            if name == "_softmax_backward_data":
-                extra, kernels = [grad, output, grad], 1
-            extra += [grad] if _uncached_row(grad, args[2]) else []
+            if name == "_softmax_backward_data":  # tmp = grad * output: reads both, writes tmp (grad's size)
+                moved, kernels = [(2, grad), (1, output)], 1
+            if _uncached_row(grad, args[2]):
+                moved.append((1, grad))
         elif name == "nll_loss_forward":
-            extra = [("minus", args[0])]
+            moved = [(-1, args[0])]
         elif name == "nll_loss_backward":
-            extra = [("minus", args[1])]
-        if not extra:
+            moved = [(-1, args[1])]
+        if not moved:
             return
         entry = profile.memory.setdefault(f"{_dtype_class(args[0].dtype)},{self.phase}", [0.0, 0.0, 0.0])
-        for t in extra:
-            sign, t = (-1.0, t[1]) if isinstance(t, tuple) else (1.0, t)
+        for times, t in moved:
             scaled, fixed = self._token_bytes(t)
-            entry[0] += sign * scaled
-            entry[1] += sign * fixed
+            entry[0] += times * scaled
+            entry[1] += times * fixed
         entry[2] += kernels
 
     def _matmul(self, profile: Profile, name, args) -> None:
