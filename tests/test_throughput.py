@@ -95,8 +95,8 @@ def test_metadata_queries_are_not_counted_as_dispatches():
 
 def test_a_baddbmm_over_heads_moves_bytes_that_grow_with_the_micro_batch():
     """BLOOM's scores `alibi.baddbmm(q, k)` have micro-batch x heads as their batch, no token dimension: the copy of
-    the added matrix and cuBLAS's read of it grow with the micro-batch like the GEMM itself, so that a profile traced
-    at one micro-batch times another."""
+    the added matrix and cuBLAS's read of it grow with the micro-batch like the GEMM itself, and so do the kernels
+    that run on such scores, so that a profile traced at one micro-batch times another."""
     import torch
 
     mb, heads, seq, dim = 3, 4, 8, 2
@@ -107,6 +107,11 @@ def test_a_baddbmm_over_heads_moves_bytes_that_grow_with_the_micro_batch():
     (scaled, fixed, _count), = recorder.profile.memory.values()
     assert scaled == mb * heads * seq * seq * 4 * 2 and fixed == 0  # the copy of alibi into the result, C read
     assert all(key.split(",")[-1][0] == "1" for key in recorder.profile.matmuls)
+    scores = torch.ones(mb * heads, seq, seq)  # OPT's eager softmax runs on such scores: its bytes grow too
+    with OpRecorder(micro_batch=mb, seq_len=seq) as recorder:
+        torch.softmax(scores, -1)
+    (scaled, fixed, _count), = recorder.profile.memory.values()
+    assert scaled == 2 * scores.numel() * 4 and fixed == 0
     # a weight-shaped accumulation (experts x d x d'): as large at any micro-batch
     experts, a, b = torch.ones(mb * 2, 5, 7), torch.ones(mb * 2, 5, seq), torch.ones(mb * 2, seq, 7)
     with OpRecorder(micro_batch=mb, seq_len=seq) as recorder:

@@ -287,19 +287,17 @@ class OpRecorder(TorchDispatchMode):
                 self._kernel_bytes(profile, name, args)
 
     def _token_bytes(self, t: torch.Tensor) -> tuple[float, float]:
+        """(bytes that grow with the micro-batch, fixed bytes) of a tensor: it grows where it has a token dimension,
+        the micro-batch before a sequence, or is attention scores with the heads folded into the batch, (micro-batch
+        x heads, seq, seq) as BLOOM's `alibi.baddbmm(q, k)` and OPT's eager `bmm` make them (a weight-shaped batch,
+        experts x d x d', has no sequence in its last two dimensions)."""
         # a broadcast (expanded) view reads its storage, not its logical size
         nbytes = float(min(t.numel() * t.element_size(), t.untyped_storage().nbytes()))
         shape = tuple(t.shape)
-        scaled = self.tokens in shape or (len(shape) >= 2 and shape[0] == self.micro_batch and
+        scaled = (self.tokens in shape or (len(shape) >= 2 and shape[0] == self.micro_batch and
                                            self.seq_len in shape[1:])
+                  or (len(shape) == 3 and shape[0] % self.micro_batch == 0 and shape[1] == shape[2] == self.seq_len))
         return (nbytes, 0.0) if scaled else (0.0, nbytes)
-
-    def _scores(self, t: torch.Tensor) -> bool:
-        """Attention scores with the heads folded into the batch, (micro-batch x heads, seq, seq) as BLOOM's
-        `alibi.baddbmm(q, k)` makes them: no token dimension, yet they grow with the micro-batch. A weight-shaped
-        batch (experts x d x d') is not one: its last two dimensions are not the sequence."""
-        shape = tuple(t.shape)
-        return len(shape) == 3 and shape[0] % self.micro_batch == 0 and shape[1] == shape[2] == self.seq_len
 
     def _memory(self, profile: Profile, args, out) -> None:
         tensors = _tensors(args) + _tensors(out)
@@ -364,10 +362,10 @@ class OpRecorder(TorchDispatchMode):
             return
         written = result.numel() * args[_MATMULS[name][0]].element_size()
         copied = 0 if kwargs.get("out") is added else result.numel() * result.element_size()
-        grows = self._token_bytes(result)[0] > 0 or self._scores(result)
+        scaled, _fixed = self._token_bytes(result)
         extra = (result.numel() * result.element_size()) * 2 - written + copied  # read C, wider write, the copy
         entry = profile.memory.setdefault(f"{_dtype_class(result.dtype)},{self.phase}", [0.0, 0.0, 0.0])
-        entry[0 if grows else 1] += extra
+        entry[0 if scaled else 1] += extra
 
     def _grouped_matmul(self, profile: Profile, args) -> None:
         """torch._grouped_mm, as transformers' default `grouped_mm` experts run a mixture of experts

@@ -42,7 +42,7 @@ TRACED_LAYERS_ALTERNATING = (2, 4)
 #: The micro-batch slope is measured between the anchor micro-batch b and b + 1. Activations are convex in
 #: b (the peak is the max over the step's moments, and the moment can move as b grows), so a fit is exact
 #: at its anchor and a lower bound far from it: callers anchor at the micro-batch they need.
-CACHE_VERSION = 28
+CACHE_VERSION = 29
 
 
 @dataclass(frozen=True)
