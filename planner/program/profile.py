@@ -301,13 +301,17 @@ class OpRecorder(TorchDispatchMode):
 
     def _memory(self, profile: Profile, args, out) -> None:
         tensors = _tensors(args) + _tensors(out)
-        dtype = _dtype_class(_tensors(out)[0].dtype)
-        entry = profile.memory.setdefault(f"{dtype},{self.phase}", [0.0, 0.0, 0.0])
-        for t in tensors:
+        self._moves(profile, _tensors(out)[0].dtype, [(1, t) for t in tensors], kernels=1)
+
+    def _moves(self, profile: Profile, dtype, moved, kernels: int) -> None:
+        """`kernels` memory-bound kernels of `dtype` moving each tensor of `moved`'s (times, tensor) pairs `times`
+        over (negative: bytes counted elsewhere that are never moved)."""
+        entry = profile.memory.setdefault(f"{_dtype_class(dtype)},{self.phase}", [0.0, 0.0, 0.0])
+        for times, t in moved:
             scaled, fixed = self._token_bytes(t)
-            entry[0] += scaled
-            entry[1] += fixed
-        entry[2] += 1
+            entry[0] += times * scaled
+            entry[1] += times * fixed
+        entry[2] += kernels
 
     def _kernel_bytes(self, profile: Profile, name, args) -> None:
         """What ATen's CUDA kernel for op `name` moves beyond reading its arguments and writing its outputs once
@@ -328,14 +332,8 @@ class OpRecorder(TorchDispatchMode):
             moved = [(-1, args[0])]
         elif name == "nll_loss_backward":
             moved = [(-1, args[1])]
-        if not moved:
-            return
-        entry = profile.memory.setdefault(f"{_dtype_class(args[0].dtype)},{self.phase}", [0.0, 0.0, 0.0])
-        for times, t in moved:
-            scaled, fixed = self._token_bytes(t)
-            entry[0] += times * scaled
-            entry[1] += times * fixed
-        entry[2] += kernels
+        if moved:
+            self._moves(profile, args[0].dtype, moved, kernels)
 
     def _matmul(self, profile: Profile, name, args) -> None:
         i, j = _MATMULS[name]
